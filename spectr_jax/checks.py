@@ -1,0 +1,62 @@
+"""Input validation with clear errors, applied only to concrete (non-traced) values.
+
+Inside `jax.jit` the values are tracers and only shapes can be checked; the public
+functions call these helpers before tracing, so bad input fails early and by name.
+"""
+
+import jax
+import numpy as np
+
+_SUM_TOL = 1e-3
+_NEG_TOL = 1e-6
+
+
+def is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def distributions(**named) -> None:
+  """Checks that each named array is a probability vector (or a batch of them).
+
+  Raises:
+    ValueError naming the argument when it has no entries, is not finite, has negative
+    entries, or its last axis does not sum to 1; or when the last axes differ in size.
+  """
+  sizes = {}
+  for name, x in named.items():
+    shape = np.shape(x)
+    if len(shape) == 0 or shape[-1] == 0:
+      raise ValueError(f"{name} must have a vocabulary axis, got shape {shape}")
+    sizes[name] = shape[-1]
+    if not is_concrete(x):
+      continue
+    x = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(x)):
+      raise ValueError(f"{name} has non-finite entries")
+    if np.any(x < -_NEG_TOL):
+      raise ValueError(f"{name} has negative entries (min {x.min():.3g})")
+    sums = x.sum(axis=-1)
+    if np.any(np.abs(sums - 1.0) > _SUM_TOL):
+      bad = sums.ravel()[np.argmax(np.abs(sums - 1.0).ravel())]
+      raise ValueError(f"{name} is not normalised: its last axis sums to {bad:.6g}, not 1")
+  if len(set(sizes.values())) > 1:
+    raise ValueError(f"vocabulary sizes differ: {sizes}")
+
+
+def num_drafts(k) -> None:
+  """Checks that a concrete number of drafts is an integer >= 1."""
+  if not is_concrete(k):
+    return
+  k_arr = np.asarray(k)
+  if k_arr.shape != () or k_arr != np.round(k_arr) or k_arr < 1:
+    raise ValueError(f"the number of drafts k must be an integer >= 1, got {k!r}")
+
+
+def shape(name: str, x, expected: tuple) -> None:
+  """Checks `x.shape` against `expected` (None entries match any size)."""
+  got = tuple(np.shape(x))
+  if len(got) != len(expected) or any(
+    e is not None and e != g for e, g in zip(expected, got, strict=True)
+  ):
+    want = "x".join("?" if e is None else str(e) for e in expected)
+    raise ValueError(f"{name} has shape {got}, expected {want}")

@@ -1,0 +1,310 @@
+"""Exact verification of speculative drafts (pure functions, no model knowledge).
+
+Per-position verifiers take k i.i.d. drafts X_1..X_k ~ p (a mask `valid_K` selects them;
+duplicates are separate chances) and return a token Y ~ q exactly, together with whether
+Y came from the accept branch:
+
+- `speculative_sampling`: the single-draft rule (accept min(1, q/p), else the residual).
+- `kseq`: SpecTr's K-SEQ with split factor rho ("star", "k" or a fixed number).
+- `specinfer`: SpecInfer's recursive rejection sampling.
+
+`verify_block` walks a block of K draft sequences of length L position by position,
+keeping the drafts that agree with what was emitted (SpecTr on sequences).
+
+All functions are jit/vmap-able with static shapes and work in float32. Values a sweep
+changes (a fixed rho) are traced, so sweeping them does not recompile.
+"""
+
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from spectr_jax import acceptance, checks
+from spectr_jax.acceptance import rho_star
+from spectr_jax.sampling import categorical
+
+__all__ = [
+  "METHODS",
+  "BlockStats",
+  "kseq",
+  "rho_star",
+  "specinfer",
+  "speculative_sampling",
+  "verify_block",
+]
+
+METHODS = ("sd", "kseq", "specinfer")
+
+
+def _as_valid(valid_K, num_drafts: int):
+  if valid_K is None:
+    return jnp.ones((num_drafts,), bool)
+  checks.shape("valid_K", valid_K, (num_drafts,))
+  return jnp.asarray(valid_K, bool)
+
+
+def _check_position(drafts_K, p_V, q_V):
+  checks.distributions(p_V=p_V, q_V=q_V)
+  checks.shape("drafts_K", drafts_K, (None,))
+  checks.shape("p_V", p_V, (None,))
+  checks.shape("q_V", q_V, (p_V.shape[-1],))
+
+
+# Internal verifiers share one signature:
+#   (key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value) -> (token, accepted, rho_used)
+# With no valid draft they sample q; rho_used is 0 for methods without a split factor.
+
+
+def _sd(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
+  del rho_mode, rho_value
+  accept_key, residual_key = jax.random.split(key)
+  x, valid = drafts_K[0], valid_K[0]
+  ratio = jnp.where(p_V[x] > 0, q_V[x] / jnp.where(p_V[x] > 0, p_V[x], 1.0), 0.0)
+  accepted = valid & (jax.random.uniform(accept_key) < ratio)
+  residual_V = jnp.where(valid, jnp.maximum(q_V - p_V, 0.0), q_V)
+  y = categorical(residual_key, residual_V, fallback_V=q_V)
+  return jnp.where(accepted, x, y).astype(jnp.int32), accepted, jnp.float32(1.0)
+
+
+def _kseq(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
+  accept_key, residual_key = jax.random.split(key)
+  k = jnp.sum(valid_K)
+  plan = acceptance.kseq_plan(p_V, q_V, k, rho_mode, rho_value)
+  px_K = p_V[drafts_K]
+  ratio_K = jnp.where(px_K > 0, plan.m_V[drafts_K] / jnp.where(px_K > 0, px_K, 1.0), 0.0)
+  accept_K = valid_K & (jax.random.uniform(accept_key, drafts_K.shape) < ratio_K)
+  accepted = jnp.any(accept_K)
+  y = categorical(residual_key, jnp.maximum(plan.residual_V, 0.0), fallback_V=q_V)
+  token = jnp.where(accepted, drafts_K[jnp.argmax(accept_K)], y)
+  return token.astype(jnp.int32), accepted, plan.rho
+
+
+def _specinfer(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
+  del rho_mode, rho_value
+  accept_key, residual_key = jax.random.split(key)
+  u_K = jax.random.uniform(accept_key, drafts_K.shape)
+
+  def try_draft(carry, draft):
+    r_V, done, token = carry
+    x, valid, u = draft
+    px = p_V[x]
+    ratio = jnp.where(px > 0, r_V[x] / jnp.where(px > 0, px, 1.0), 0.0)
+    tried = valid & ~done
+    accept = tried & (u < ratio)
+    reject = tried & ~accept
+    nxt_V = jnp.maximum(r_V - p_V, 0.0)
+    total = jnp.sum(nxt_V)
+    nxt_V = jnp.where(total > 0, nxt_V / jnp.where(total > 0, total, 1.0), r_V)
+    r_V = jnp.where(reject, nxt_V, r_V)
+    return (r_V, done | accept, jnp.where(accept, x, token)), None
+
+  init = (q_V, jnp.bool_(False), jnp.int32(0))
+  (r_V, accepted, token), _ = jax.lax.scan(try_draft, init, (drafts_K, valid_K, u_K))
+  y = categorical(residual_key, r_V, fallback_V=q_V)
+  return jnp.where(accepted, token, y).astype(jnp.int32), accepted, jnp.float32(0.0)
+
+
+_VERIFIERS: dict[str, Callable] = {
+  "sd": _sd,
+  "kseq": _kseq,
+  "specinfer": _specinfer,
+}
+
+
+@functools.partial(jax.jit, static_argnames=("method", "rho_mode"))
+def _verify_position(key, drafts_K, p_V, q_V, valid_K, rho_value, *, method, rho_mode):
+  token, accepted, _ = _VERIFIERS[method](key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value)
+  return token, accepted
+
+
+def speculative_sampling(key, draft, p_V, q_V):
+  """Single-draft speculative sampling.
+
+  Accepts `draft` ~ p with probability min(1, q/p); otherwise draws from the residual
+  (q - min(p, q)) / (1 - sum min(p, q)). The output is distributed as q.
+
+  Args:
+    key: PRNG key.
+    draft: int token drawn from p_V.
+    p_V: draft distribution. q_V: target distribution.
+
+  Returns:
+    (token, accepted): int32 token ~ q and whether the draft was accepted.
+  """
+  drafts_K = jnp.reshape(jnp.asarray(draft, jnp.int32), (1,))
+  _check_position(drafts_K, p_V, q_V)
+  return _verify_position(
+    key, drafts_K, p_V, q_V, jnp.ones((1,), bool), jnp.float32(0.0), method="sd", rho_mode="k"
+  )
+
+
+def kseq(key, drafts_K, p_V, q_V, *, valid_K=None, rho="star"):
+  """K-SEQ (SpecTr) verification of the valid drafts at one position.
+
+  With k valid drafts and split factor rho: try the drafts in order, accepting X_i with
+  probability min(1, q(X_i) / (rho p(X_i))); if all are rejected, draw from the residual
+  q - A, clipped at 0 and normalised by its own sum, where A = P_A / beta * min(p, q/rho).
+  The output is distributed as q whenever rho is valid (rho* and k always are).
+
+  Args:
+    key: PRNG key.
+    drafts_K: int drafts, i.i.d. from p_V.
+    p_V, q_V: draft and target distributions.
+    valid_K: optional bool mask; k = number of valid drafts (0 means: sample q).
+    rho: "star" (rho*), "k" (rho = k) or a number (fixed split factor, clipped to [1, k];
+      it may be invalid for some (p, q, k): see `acceptance.kseq_acceptance`).
+
+  Returns:
+    (token, accepted): int32 token and whether it came from the accept branch.
+  """
+  _check_position(drafts_K, p_V, q_V)
+  valid_K = _as_valid(valid_K, drafts_K.shape[0])
+  rho_mode, rho_value = acceptance.split_rho(rho)
+  return _verify_position(
+    key, drafts_K, p_V, q_V, valid_K, rho_value, method="kseq", rho_mode=rho_mode
+  )
+
+
+def specinfer(key, drafts_K, p_V, q_V, *, valid_K=None):
+  """SpecInfer's multi-step speculative sampling of the valid drafts at one position.
+
+  The target starts at r = q; draft X_i is accepted with probability min(1, r(X_i)/p(X_i));
+  after a rejection r becomes norm(max(r - p, 0)). If every draft is rejected, the output
+  is drawn from the last r. The output is distributed as q.
+
+  Args and Returns: as `kseq`, without rho.
+  """
+  _check_position(drafts_K, p_V, q_V)
+  valid_K = _as_valid(valid_K, drafts_K.shape[0])
+  return _verify_position(
+    key, drafts_K, p_V, q_V, valid_K, jnp.float32(0.0), method="specinfer", rho_mode="k"
+  )
+
+
+class BlockStats(NamedTuple):
+  """Per-position diagnostics of one block walk (index t = 0..L; t = L is the bonus).
+
+  Positions at or beyond `num_tokens` hold False / 0.
+
+  hit_L1: the emitted token equals a surviving draft (the walk continues).
+  accepted_L1: the token came from the accept branch.
+  survivors_L1: number of drafts verified at that position (0 for the bonus draw).
+  rho_L1: split factor used (K-SEQ only; 1 for "sd", 0 for methods without one).
+  """
+
+  hit_L1: jax.Array
+  accepted_L1: jax.Array
+  survivors_L1: jax.Array
+  rho_L1: jax.Array
+
+
+class _WalkState(NamedTuple):
+  t: jax.Array
+  done: jax.Array
+  alive_K: jax.Array
+  tokens_L1: jax.Array
+  stats: BlockStats
+
+
+def _walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method, rho_mode):
+  num_drafts, draft_len = drafts_KxL.shape
+  verifier = _VERIFIERS[method]
+  zeros_L1 = jnp.zeros((draft_len + 1,), bool)
+  init = _WalkState(
+    t=jnp.int32(0),
+    done=jnp.bool_(False),
+    alive_K=jnp.ones((num_drafts,), bool),
+    tokens_L1=jnp.zeros((draft_len + 1,), jnp.int32),
+    stats=BlockStats(
+      zeros_L1, zeros_L1, jnp.zeros((draft_len + 1,), jnp.int32), jnp.zeros((draft_len + 1,))
+    ),
+  )
+
+  def step(s: _WalkState) -> _WalkState:
+    # Surviving drafts agree on all earlier tokens, so they share p and q at t.
+    rep = jnp.argmax(s.alive_K)
+    in_draft = s.t < draft_len
+    t_draft = jnp.minimum(s.t, draft_len - 1)
+    q_V = q_KxL1xV[rep, s.t]
+    # At t = L no draft is valid and the verifier samples the bonus token from q.
+    p_V = jnp.where(in_draft, p_KxLxV[rep, t_draft], q_V)
+    x_K = drafts_KxL[:, t_draft]
+    valid_K = s.alive_K & in_draft
+    token, accepted, rho = verifier(
+      jax.random.fold_in(key, s.t), x_K, p_V, q_V, valid_K, rho_mode, rho_value
+    )
+    match_K = valid_K & (x_K == token)
+    hit = jnp.any(match_K)
+    stats = BlockStats(
+      s.stats.hit_L1.at[s.t].set(hit),
+      s.stats.accepted_L1.at[s.t].set(accepted),
+      s.stats.survivors_L1.at[s.t].set(jnp.sum(valid_K)),
+      s.stats.rho_L1.at[s.t].set(rho),
+    )
+    return _WalkState(s.t + 1, ~hit, match_K, s.tokens_L1.at[s.t].set(token), stats)
+
+  final = jax.lax.while_loop(lambda s: ~s.done, step, init)
+  return final.tokens_L1, final.t, final.stats
+
+
+@functools.partial(jax.jit, static_argnames=("method", "rho_mode"))
+def _verify_block(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, *, method, rho_mode):
+  return _walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method, rho_mode)
+
+
+def check_method(method: str, num_drafts: int) -> None:
+  """Raises a clear error for an unknown method or a K that the method cannot take."""
+  if method not in METHODS:
+    raise ValueError(f"unknown verification method {method!r}; expected one of {METHODS}")
+  if method == "sd" and num_drafts != 1:
+    raise ValueError(f"method 'sd' verifies a single draft, got K = {num_drafts}")
+
+
+def verify_block(
+  key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method="kseq", rho="star", return_stats=False
+):
+  """The SpecTr walk over one block of K draft sequences of length L.
+
+  Index convention: `p[i, t] = p(. | h, drafts[i, :t])` and `q[i, t] = q(. | h,
+  drafts[i, :t])`, so `q[i, L]` is the bonus distribution after a full draft. At each
+  position t the per-position verifier runs on the surviving drafts' tokens (k = number
+  surviving); only drafts equal to the emitted token survive; the walk stops at the
+  first token that hits no surviving draft. After L hits a bonus token is drawn from
+  q[i, L] of a survivor. The emitted tokens are distributed as the target's sequence law.
+
+  Args:
+    key: PRNG key.
+    drafts_KxL: int draft tokens.
+    p_KxLxV: draft distributions. q_KxL1xV: target distributions.
+    method: "kseq", "specinfer", or "sd" (K = 1).
+    rho: K-SEQ split factor: "star", "k" or a number (see `kseq`).
+    return_stats: also return a `BlockStats`.
+
+  Returns:
+    (tokens_L1, num_tokens[, stats]): `tokens_L1[:num_tokens]` are the emitted tokens
+    (the rest are 0) and 1 <= num_tokens <= L + 1.
+  """
+  checks.shape("drafts_KxL", drafts_KxL, (None, None))
+  num_drafts, draft_len = drafts_KxL.shape
+  check_method(method, num_drafts)
+  if draft_len < 1:
+    raise ValueError("verify_block needs a draft length L >= 1")
+  checks.shape("p_KxLxV", p_KxLxV, (num_drafts, draft_len, None))
+  checks.shape("q_KxL1xV", q_KxL1xV, (num_drafts, draft_len + 1, p_KxLxV.shape[-1]))
+  checks.distributions(p_KxLxV=p_KxLxV, q_KxL1xV=q_KxL1xV)
+  rho_mode, rho_value = acceptance.split_rho(rho)
+  tokens_L1, num_tokens, stats = _verify_block(
+    key,
+    drafts_KxL,
+    p_KxLxV,
+    q_KxL1xV,
+    rho_value,
+    method=method,
+    rho_mode=rho_mode,
+  )
+  if return_stats:
+    return tokens_L1, num_tokens, stats
+  return tokens_L1, num_tokens
