@@ -12,6 +12,7 @@ Everything here is exact (no sampling) and works on a single pair of distributio
 Functions are pure JAX (float32 unless x64 is enabled) and jit/vmap-able; `k` may be traced.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -35,6 +36,7 @@ def overlap(p_V, q_V, rho=1.0):
   return jnp.sum(jnp.minimum(p_V, q_V / rho), axis=-1)
 
 
+@jax.jit
 def rho_star(p_V, q_V, k):
   """The smallest split factor in [1, k] with 1 - (1 - beta(rho))^k <= rho * beta(rho).
 
@@ -155,7 +157,12 @@ def kseq_acceptance(p_V, q_V, k, rho="star") -> KSeqAcceptance:
   checks.distributions(p_V=p_V, q_V=q_V)
   checks.num_drafts(k)
   mode, value = split_rho(rho)
-  plan = kseq_plan(p_V, q_V, k, mode, value)
+  return _kseq_acceptance(p_V, q_V, k, value, rho_mode=mode)
+
+
+@functools.partial(jax.jit, static_argnames="rho_mode")
+def _kseq_acceptance(p_V, q_V, k, rho_value, *, rho_mode):
+  plan = kseq_plan(p_V, q_V, k, rho_mode, rho_value)
   k_f = jnp.asarray(k, jnp.float32)
   residual_V = jnp.maximum(plan.residual_V, 0.0)
   total = jnp.sum(residual_V, axis=-1)
@@ -202,7 +209,12 @@ def specinfer_acceptance(p_V, q_V, k):
   """
   checks.distributions(p_V=p_V, q_V=q_V)
   checks.num_drafts(k)
-  _, betas = specinfer_residuals(p_V, q_V, int(k))
+  return _specinfer_acceptance(p_V, q_V, int(k))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _specinfer_acceptance(p_V, q_V, k):
+  _, betas = specinfer_residuals(p_V, q_V, k)
   return 1.0 - jnp.prod(1.0 - betas)
 
 
@@ -214,7 +226,12 @@ def optimal_acceptance(p_V, q_V, k):
   """
   checks.distributions(p_V=p_V, q_V=q_V)
   checks.num_drafts(k)
-  k_f = jnp.asarray(k, p_V.dtype if hasattr(p_V, "dtype") else jnp.float32)
+  return _optimal_acceptance(p_V, q_V, k)
+
+
+@jax.jit
+def _optimal_acceptance(p_V, q_V, k):
+  k_f = jnp.asarray(k, p_V.dtype)
   ratio_V = jnp.where(
     q_V > 0, p_V / jnp.where(q_V > 0, q_V, 1.0), jnp.where(p_V > 0, jnp.inf, -1.0)
   )
