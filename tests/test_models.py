@@ -1,0 +1,364 @@
+"""Tests of the PaLM-style Transformer, its configs and the speculative KV cache.
+
+Every cache test compares against the plain causal forward `__call__` of the full
+sequence, which is the definition of what prefill/extend/commit/rollback must compute.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spectr_jax.models import (
+  KVCache,
+  ModelBundle,
+  ModelConfig,
+  Transformer,
+  commit,
+  count_params,
+  expected_num_params,
+  get_model_config,
+  init_cache,
+  init_params,
+  model_config_names,
+  reset_tails,
+  rollback,
+)
+
+VOCAB = 61
+ATOL = 1e-4
+WIDTH = 20  # padded length of the reference sequences
+ROWS = 4  # padded number of reference sequences (one compiled reference forward)
+PROMPT_WIDTH = 13  # padded prompt length (fewer prefill compilations)
+
+
+_commit = jax.jit(commit)
+_rollback = jax.jit(rollback)
+
+
+def _config(num_kv_heads: int, **overrides) -> ModelConfig:
+  fields = dict(
+    vocab_size=VOCAB,
+    d_model=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=num_kv_heads,
+    head_dim=8,
+    mlp_dim=64,
+    max_len=16,
+  )
+  return ModelConfig(**{**fields, **overrides})
+
+
+def _numpy_params(config: ModelConfig, seed: int = 0):
+  """Random parameters of the right structure without compiling the (slow on CPU) init."""
+  rng = np.random.default_rng(seed)
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+
+  def fill(x):
+    if x.ndim == 1:
+      return jnp.ones(x.shape, x.dtype)
+    return jnp.asarray(rng.normal(size=x.shape) / np.sqrt(x.shape[0]), x.dtype)
+
+  params = jax.tree.map(fill, shapes)
+  params["embed"]["embedding"] = jnp.asarray(rng.normal(size=shapes["embed"]["embedding"].shape))
+  return params
+
+
+class _Harness:
+  """A tiny model with jitted forward, prefill and extend, and a reference forward."""
+
+  def __init__(self, config: ModelConfig):
+    self.config = config
+    self.model = Transformer(config)
+    self.params = _numpy_params(config)
+    variables = {"params": self.params}
+    self.forward = jax.jit(functools.partial(self.model.apply, variables))
+    self.prefill = jax.jit(
+      functools.partial(self.model.apply, variables, method=Transformer.prefill)
+    )
+    self.extend = jax.jit(functools.partial(self.model.apply, variables, method=Transformer.extend))
+
+  def reference(self, seqs: list[list[int]]) -> np.ndarray:
+    """Full-forward logits of each sequence, right-padded to WIDTH: len(seqs) x WIDTH x V."""
+    tokens = np.zeros((ROWS, WIDTH), np.int32)
+    for i, seq in enumerate(seqs):
+      tokens[i, : len(seq)] = seq
+    return np.asarray(self.forward(jnp.asarray(tokens)))[: len(seqs)]
+
+
+@functools.cache
+def _harness(num_kv_heads: int) -> _Harness:
+  return _Harness(_config(num_kv_heads))
+
+
+@pytest.fixture
+def harness() -> _Harness:
+  """Grouped-query attention: 4 query heads on 2 key/value heads."""
+  return _harness(2)
+
+
+@pytest.fixture(params=[1, 2], ids=["mqa", "gqa2"])
+def any_harness(request) -> _Harness:
+  """Multi-query (1 key/value head) and grouped-query (2) attention."""
+  return _harness(request.param)
+
+
+def _tokens(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+  return np.random.default_rng(seed).integers(0, VOCAB, shape).astype(np.int32)
+
+
+def _prefill(h: _Harness, prompts: list[list[int]], num_tails: int, tail_capacity: int):
+  """Prefills right-padded prompts; returns (logits, cache)."""
+  tokens = np.zeros((len(prompts), PROMPT_WIDTH), np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, : len(p)] = p
+  lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+  cache = init_cache(h.config, len(prompts), num_tails, tail_capacity)
+  return h.prefill(jnp.asarray(tokens), lengths, cache)
+
+
+def _prompts(seed: int, lengths: list[int]) -> list[list[int]]:
+  return [list(_tokens(seed + i, (n,))) for i, n in enumerate(lengths)]
+
+
+# Configs.
+
+
+def test_unknown_config_name_lists_the_known_names():
+  with pytest.raises(ValueError, match="known names: draft-test, target-test"):
+    get_model_config("target-huge", vocab_size=4096)
+
+
+def test_config_rejects_bad_head_split():
+  with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+    _config(num_kv_heads=3)
+
+
+def test_overrides_replace_named_fields():
+  config = get_model_config("draft-tiny", 4096, max_len=99, dtype="bfloat16")
+  assert (config.max_len, config.compute_dtype) == (99, jnp.bfloat16)
+
+
+@pytest.mark.parametrize(
+  "name, low, high",
+  [
+    ("draft-tiny", 0.4e6, 0.7e6),
+    ("target-small", 3e6, 5e6),
+    ("draft-base", 15e6, 25e6),
+    ("target-base", 80e6, 120e6),
+    ("target-large", 350e6, 450e6),
+  ],
+)
+def test_named_sizes_have_the_intended_parameter_counts(name, low, high):
+  config = get_model_config(name, vocab_size=4096)
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+  assert count_params(shapes) == expected_num_params(config)
+  assert low <= count_params(shapes) <= high
+
+
+def test_all_names_build():
+  for name in model_config_names():
+    config = get_model_config(name, vocab_size=4096)
+    assert config.num_heads % config.num_kv_heads == 0
+
+
+# The plain forward.
+
+
+def test_forward_shapes_and_params(any_harness):
+  logits = any_harness.forward(jnp.asarray(_tokens(0, (3, 7))))
+  assert logits.shape == (3, 7, VOCAB) and logits.dtype == jnp.float32
+  assert count_params(any_harness.params) == expected_num_params(any_harness.config)
+  assert any_harness.params["block_0"]["w_k"].shape == (32, any_harness.config.num_kv_heads, 8)
+
+
+def test_future_tokens_do_not_change_past_logits(any_harness):
+  tokens = _tokens(1, (2, 9))
+  changed = tokens.copy()
+  changed[:, 5:] = (changed[:, 5:] + 1) % VOCAB
+  a = any_harness.forward(jnp.asarray(tokens))
+  b = any_harness.forward(jnp.asarray(changed))
+  np.testing.assert_allclose(a[:, :5], b[:, :5], atol=1e-6)
+  assert not np.allclose(a[:, 5:], b[:, 5:], atol=1e-3)
+
+
+def test_init_params_makes_every_param_in_float32():
+  config = _config(2, num_layers=1, dtype="bfloat16")
+  params = init_params(config, jax.random.key(0))
+  assert count_params(params) == expected_num_params(config)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+  assert float(jnp.std(params["embed"]["embedding"])) == pytest.approx(1.0, abs=0.2)
+
+
+def test_bfloat16_compute_runs_with_float32_logits():
+  config = _config(1, dtype="bfloat16")
+  params = _numpy_params(config)
+  logits = jax.jit(Transformer(config).apply)({"params": params}, jnp.asarray(_tokens(2, (1, 4))))
+  assert logits.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(logits)))
+  cache = init_cache(config, 1, 2, 3)
+  assert cache.prefix_k.dtype == jnp.bfloat16
+
+
+def test_bundle_crosses_jit_with_static_config(harness):
+  bundle = ModelBundle(config=harness.config, params=harness.params)
+  tokens = jnp.asarray(_tokens(3, (1, 5)))
+
+  @jax.jit
+  def run(bundle, tokens):
+    return bundle.model.apply({"params": bundle.params}, tokens)
+
+  np.testing.assert_allclose(run(bundle, tokens), harness.forward(tokens), atol=1e-6)
+
+
+# The cache against the full forward.
+
+
+def test_prefill_then_token_by_token_equals_full_forward(harness):
+  prompts = _prompts(10, [3, 6])
+  cont = _tokens(20, (2, 5))
+  logits, cache = _prefill(harness, prompts, num_tails=1, tail_capacity=5)
+  ref = harness.reference([p + list(c) for p, c in zip(prompts, cont, strict=True)])
+  for b, p in enumerate(prompts):
+    np.testing.assert_allclose(logits[b, : len(p)], ref[b, : len(p)], atol=ATOL)
+  np.testing.assert_array_equal(cache.prefix_len, [3, 6])
+  for t in range(5):
+    logits, cache = harness.extend(jnp.asarray(cont[:, None, t : t + 1]), cache)
+    for b, p in enumerate(prompts):
+      np.testing.assert_allclose(logits[b, 0, 0], ref[b, len(p) + t], atol=ATOL)
+  np.testing.assert_array_equal(cache.tail_len, [[5], [5]])
+
+
+def test_autoregressive_decoding_with_commit_after_each_token(harness):
+  prompts = _prompts(30, [2, 5])
+  cont = _tokens(40, (2, 4))
+  _, cache = _prefill(harness, prompts, num_tails=1, tail_capacity=1)
+  ref = harness.reference([p + list(c) for p, c in zip(prompts, cont, strict=True)])
+  for t in range(4):
+    logits, cache = harness.extend(jnp.asarray(cont[:, None, t : t + 1]), cache)
+    cache = _commit(cache, jnp.zeros(2, jnp.int32), jnp.ones(2, jnp.int32))
+    for b, p in enumerate(prompts):
+      np.testing.assert_allclose(logits[b, 0, 0], ref[b, len(p) + t], atol=ATOL)
+  np.testing.assert_array_equal(cache.prefix_len, [6, 9])
+
+
+def test_extend_several_tokens_at_once(harness):
+  prompts = _prompts(50, [4, 1])
+  cont = _tokens(60, (2, 6))
+  _, cache = _prefill(harness, prompts, num_tails=1, tail_capacity=6)
+  ref = harness.reference([p + list(c) for p, c in zip(prompts, cont, strict=True)])
+  for start, stop in ((0, 4), (4, 6)):
+    logits, cache = harness.extend(jnp.asarray(cont[:, None, start:stop]), cache)
+    for b, p in enumerate(prompts):
+      np.testing.assert_allclose(logits[b, 0], ref[b, len(p) + start : len(p) + stop], atol=ATOL)
+
+
+def test_k_tails_each_equal_the_full_forward_of_prefix_plus_tail(any_harness):
+  prompts = _prompts(70, [5, 2, 7])
+  tails = _tokens(80, (3, 4, 3))  # B x K x T, fed as T=2 then T=1
+  _, cache = _prefill(any_harness, prompts, num_tails=4, tail_capacity=3)
+  first, cache = any_harness.extend(jnp.asarray(tails[:, :, :2]), cache)
+  second, cache = any_harness.extend(jnp.asarray(tails[:, :, 2:]), cache)
+  logits = np.concatenate([first, second], axis=2)
+  for b, p in enumerate(prompts):
+    ref = any_harness.reference([p + list(tail) for tail in tails[b]])
+    np.testing.assert_allclose(logits[b], ref[:, len(p) : len(p) + 3], atol=ATOL)
+
+
+def test_ragged_num_new_tokens(harness):
+  prompts = _prompts(90, [3, 4])
+  step1 = _tokens(100, (2, 2, 3))
+  step2 = _tokens(110, (2, 2, 2))
+  num_new = jnp.asarray([3, 1], jnp.int32)
+  _, cache = _prefill(harness, prompts, num_tails=2, tail_capacity=5)
+  logits1, cache = harness.extend(jnp.asarray(step1), cache, num_new)
+  np.testing.assert_array_equal(cache.tail_len, [[3, 3], [1, 1]])
+  logits2, cache = harness.extend(jnp.asarray(step2), cache)
+  for b, p in enumerate(prompts):
+    n = int(num_new[b])
+    ref = harness.reference([p + list(step1[b, k, :n]) + list(step2[b, k]) for k in range(2)])
+    np.testing.assert_allclose(logits1[b, :, :n], ref[:, len(p) : len(p) + n], atol=ATOL)
+    np.testing.assert_allclose(logits2[b], ref[:, len(p) + n : len(p) + n + 2], atol=ATOL)
+
+
+def test_commit_then_continue_equals_full_forward_of_committed_sequence(any_harness):
+  prompts = _prompts(120, [4, 2, 13])
+  drafts = _tokens(130, (3, 3, 4))
+  tail_idx = np.array([2, 0, 1])
+  num = np.array([2, 4, 3])  # row 2 fills S = 16 exactly; the rest of its window is dropped
+  _, cache = _prefill(any_harness, prompts, num_tails=3, tail_capacity=4)
+  _, cache = any_harness.extend(jnp.asarray(drafts), cache)
+  cache = _commit(cache, jnp.asarray(tail_idx), jnp.asarray(num))
+  np.testing.assert_array_equal(cache.prefix_len, [6, 6, 16])
+  np.testing.assert_array_equal(cache.tail_len, np.zeros((3, 3)))
+  nxt = _tokens(140, (3, 3, 2))
+  logits, cache = any_harness.extend(jnp.asarray(nxt), cache)
+  for b, p in enumerate(prompts):
+    kept = p + list(drafts[b, tail_idx[b], : num[b]])
+    ref = any_harness.reference([kept + list(nxt[b, k]) for k in range(3)])
+    np.testing.assert_allclose(logits[b], ref[:, len(kept) : len(kept) + 2], atol=ATOL)
+
+
+def test_rollback_then_continue_equals_full_forward_of_new_sequence(harness):
+  prompts = _prompts(150, [6, 8])
+  drafts = _tokens(160, (2, 1, 3))
+  _, cache = _prefill(harness, prompts, num_tails=1, tail_capacity=3)
+  _, cache = harness.extend(jnp.asarray(drafts), cache)
+  cache = _commit(cache, jnp.zeros(2, jnp.int32), jnp.asarray([3, 2]))
+  new_len = jnp.asarray([4, 20])  # row 0 rolls back into its prompt; row 1 stays at 10
+  cache = _rollback(cache, new_len)
+  np.testing.assert_array_equal(cache.prefix_len, [4, 10])
+  other = _tokens(170, (2, 1, 3))
+  logits, cache = harness.extend(jnp.asarray(other), cache)
+  seqs = [prompts[0][:4], prompts[1] + list(drafts[1, 0, :2])]
+  ref = harness.reference([s + list(o[0]) for s, o in zip(seqs, other, strict=True)])
+  for b, s in enumerate(seqs):
+    np.testing.assert_allclose(logits[b, 0], ref[b, len(s) : len(s) + 3], atol=ATOL)
+
+
+# The cache functions on their own.
+
+
+def _random_cache(b: int, k: int, s: int, r: int, prefix_len: list[int]) -> KVCache:
+  rng = np.random.default_rng(0)
+  prefix = (2, b, s, 1, 3)
+  tail = (2, b, k, r, 1, 3)
+  return KVCache(
+    prefix_k=jnp.asarray(rng.normal(size=prefix), jnp.float32),
+    prefix_v=jnp.asarray(rng.normal(size=prefix), jnp.float32),
+    prefix_len=jnp.asarray(prefix_len, jnp.int32),
+    tail_k=jnp.asarray(rng.normal(size=tail), jnp.float32),
+    tail_v=jnp.asarray(rng.normal(size=tail), jnp.float32),
+    tail_len=jnp.full((b, k), r, jnp.int32),
+  )
+
+
+def test_commit_writes_only_the_window_and_never_past_capacity():
+  cache = _random_cache(b=3, k=2, s=8, r=3, prefix_len=[0, 4, 7])
+  tail_idx, num = jnp.asarray([1, 0, 1]), jnp.asarray([3, 2, 1])
+  new = jax.jit(commit, donate_argnums=0)(jax.tree.map(jnp.copy, cache), tail_idx, num)
+  assert (new.B, new.K, new.S, new.R) == (3, 2, 8, 3)
+  np.testing.assert_array_equal(new.prefix_len, [3, 6, 8])
+  np.testing.assert_array_equal(new.tail_len, np.zeros((3, 2)))
+  for b, (start, i) in enumerate([(0, 1), (4, 0), (7, 1)]):
+    end = min(start + 3, 8)
+    for name in ("k", "v"):
+      old_prefix = np.asarray(getattr(cache, f"prefix_{name}"))[:, b]
+      new_prefix = np.asarray(getattr(new, f"prefix_{name}"))[:, b]
+      window = np.asarray(getattr(cache, f"tail_{name}"))[:, b, i]
+      np.testing.assert_array_equal(new_prefix[:, :start], old_prefix[:, :start])
+      np.testing.assert_array_equal(new_prefix[:, start:end], window[:, : end - start])
+      np.testing.assert_array_equal(new_prefix[:, end:], old_prefix[:, end:])
+
+
+def test_rollback_and_reset_tails_move_only_lengths():
+  cache = _random_cache(b=2, k=2, s=8, r=3, prefix_len=[5, 2])
+  rolled = _rollback(cache, jnp.asarray([3, 6]))
+  np.testing.assert_array_equal(rolled.prefix_len, [3, 2])
+  np.testing.assert_array_equal(rolled.tail_len, np.zeros((2, 2)))
+  np.testing.assert_array_equal(rolled.prefix_k, cache.prefix_k)
+  reset = reset_tails(cache)
+  np.testing.assert_array_equal(reset.prefix_len, cache.prefix_len)
+  np.testing.assert_array_equal(reset.tail_len, np.zeros((2, 2)))
