@@ -1,0 +1,55 @@
+"""Prompt sets for decoding experiments: the starts of held-out sentences."""
+
+import dataclasses
+
+import numpy as np
+
+from spectr_jax.data.pipeline import TokenizedSplit
+from spectr_jax.data.sources import DataError
+from spectr_jax.data.tokenizer import BOS_ID, PAD_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompts:
+  """Right-padded prompts.
+
+  Attributes:
+    tokens_BxT: int32 [B, prompt_len + 1]: BOS, then the first ids of a sentence, then PAD.
+    lengths_B: int32 [B]: tokens of each prompt, BOS included.
+    sentence_index_B: int64 [B]: which held-out sentence each prompt starts.
+  """
+
+  tokens_BxT: np.ndarray
+  lengths_B: np.ndarray
+  sentence_index_B: np.ndarray
+
+
+def make_prompts(heldout: TokenizedSplit, num_prompts: int, prompt_len: int, seed: int) -> Prompts:
+  """Takes BOS plus the first `prompt_len` ids of held-out sentences drawn by `seed`.
+
+  Sentences are drawn without replacement among those with at least one id; a sentence
+  shorter than `prompt_len` gives a shorter prompt (see `lengths_B`).
+
+  Args:
+    heldout: held-out sentences.
+    num_prompts: B, the number of prompts.
+    prompt_len: ids taken from each sentence, at most.
+    seed: selects the sentences; the same seed gives the same prompts.
+
+  Returns:
+    The prompts.
+  """
+  if prompt_len < 1 or num_prompts < 1:
+    raise DataError(f"need num_prompts >= 1 and prompt_len >= 1, got {num_prompts}, {prompt_len}")
+  candidates = np.flatnonzero(heldout.lengths > 0)
+  if num_prompts > len(candidates):
+    raise DataError(f"asked for {num_prompts} prompts, only {len(candidates)} held-out sentences")
+  chosen = np.random.default_rng(seed).choice(candidates, size=num_prompts, replace=False)
+  tokens = np.full((num_prompts, prompt_len + 1), PAD_ID, np.int32)
+  tokens[:, 0] = BOS_ID
+  lengths = np.empty(num_prompts, np.int32)
+  for b, i in enumerate(chosen):
+    ids = heldout.sentence(int(i))[:prompt_len]
+    tokens[b, 1 : 1 + len(ids)] = ids
+    lengths[b] = 1 + len(ids)
+  return Prompts(tokens_BxT=tokens, lengths_B=lengths, sentence_index_B=chosen.astype(np.int64))
