@@ -31,6 +31,16 @@ def one_minus_pow(beta, k):
   return -jnp.expm1(k * jnp.log1p(-beta))
 
 
+def residual(target_V, mass_V):
+  """norm(max(target - mass, 0)): the law left after removing `mass_V` from `target_V`.
+
+  Falls back to `target_V` itself where nothing is left (then it is never sampled).
+  """
+  left_V = jnp.maximum(target_V - mass_V, 0.0)
+  total = jnp.sum(left_V, axis=-1, keepdims=True)
+  return jnp.where(total > 0, left_V / jnp.where(total > 0, total, 1.0), target_V)
+
+
 def overlap(p_V, q_V, rho=1.0):
   """beta(rho) = sum_x min(p(x), q(x) / rho)."""
   return jnp.sum(jnp.minimum(p_V, q_V / rho), axis=-1)
@@ -164,9 +174,7 @@ def kseq_acceptance(p_V, q_V, k, rho="star") -> KSeqAcceptance:
 def _kseq_acceptance(p_V, q_V, k, rho_value, *, rho_mode):
   plan = kseq_plan(p_V, q_V, k, rho_mode, rho_value)
   k_f = jnp.asarray(k, jnp.float32)
-  residual_V = jnp.maximum(plan.residual_V, 0.0)
-  total = jnp.sum(residual_V, axis=-1)
-  residual_V = jnp.where(total > 0, residual_V / jnp.where(total > 0, total, 1.0), 0.0)
+  residual_V = residual(q_V, plan.accept_mass_V)
   # Given that all k drafts were rejected, they are i.i.d. from (p - m) / (1 - beta).
   reject_mass = 1.0 - plan.beta
   rejected_V = jnp.where(
@@ -187,10 +195,7 @@ def specinfer_residuals(p_V, q_V, num_drafts: int):
 
   def stage(r_V, _):
     beta = jnp.sum(jnp.minimum(r_V, p_V))
-    nxt = jnp.maximum(r_V - p_V, 0.0)
-    total = jnp.sum(nxt)
-    nxt = jnp.where(total > 0, nxt / jnp.where(total > 0, total, 1.0), r_V)
-    return nxt, (r_V, beta)
+    return residual(r_V, p_V), (r_V, beta)
 
   last, (rs, betas) = jax.lax.scan(stage, q_V, None, length=num_drafts)
   return jnp.concatenate([rs, last[None]], axis=0), betas

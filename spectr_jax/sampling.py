@@ -4,25 +4,19 @@ import jax
 import jax.numpy as jnp
 
 
-def categorical(key, weights_V, fallback_V=None):
+def categorical(key, weights_V):
   """Draws one index with probability proportional to the non-negative `weights_V`.
 
   Inverse CDF with a single uniform: far cheaper than Gumbel-max over a large vocabulary.
-  An index of zero weight is never returned. When the weights sum to 0 (or are not
-  finite), draws from `fallback_V` instead (which must then be a valid distribution).
+  An index of zero weight is never returned; the weights must have positive mass.
 
   Args:
     key: PRNG key.
     weights_V: non-negative weights.
-    fallback_V: optional weights used when `weights_V` has no mass.
 
   Returns:
     An int32 index in [0, V).
   """
-  if fallback_V is not None:
-    total = jnp.sum(weights_V)
-    usable = (total > 0) & jnp.isfinite(total)
-    weights_V = jnp.where(usable, weights_V, fallback_V)
   weights_V = jnp.maximum(weights_V, 0.0)
   cdf_V = jnp.cumsum(weights_V)
   u = jax.random.uniform(key, dtype=cdf_V.dtype)

@@ -64,8 +64,8 @@ def _sd(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
   x, valid = drafts_K[0], valid_K[0]
   ratio = jnp.where(p_V[x] > 0, q_V[x] / jnp.where(p_V[x] > 0, p_V[x], 1.0), 0.0)
   accepted = valid & (jax.random.uniform(accept_key) < ratio)
-  residual_V = jnp.where(valid, jnp.maximum(q_V - p_V, 0.0), q_V)
-  y = categorical(residual_key, residual_V, fallback_V=q_V)
+  residual_V = jnp.where(valid, acceptance.residual(q_V, p_V), q_V)
+  y = categorical(residual_key, residual_V)
   return jnp.where(accepted, x, y).astype(jnp.int32), accepted, jnp.float32(1.0)
 
 
@@ -77,7 +77,7 @@ def _kseq(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
   ratio_K = jnp.where(px_K > 0, plan.m_V[drafts_K] / jnp.where(px_K > 0, px_K, 1.0), 0.0)
   accept_K = valid_K & (jax.random.uniform(accept_key, drafts_K.shape) < ratio_K)
   accepted = jnp.any(accept_K)
-  y = categorical(residual_key, jnp.maximum(plan.residual_V, 0.0), fallback_V=q_V)
+  y = categorical(residual_key, acceptance.residual(q_V, plan.accept_mass_V))
   token = jnp.where(accepted, drafts_K[jnp.argmax(accept_K)], y)
   return token.astype(jnp.int32), accepted, plan.rho
 
@@ -85,26 +85,18 @@ def _kseq(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
 def _specinfer(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
   del rho_mode, rho_value
   accept_key, residual_key = jax.random.split(key)
-  u_K = jax.random.uniform(accept_key, drafts_K.shape)
-
-  def try_draft(carry, draft):
-    r_V, done, token = carry
-    x, valid, u = draft
-    px = p_V[x]
-    ratio = jnp.where(px > 0, r_V[x] / jnp.where(px > 0, px, 1.0), 0.0)
-    tried = valid & ~done
-    accept = tried & (u < ratio)
-    reject = tried & ~accept
-    nxt_V = jnp.maximum(r_V - p_V, 0.0)
-    total = jnp.sum(nxt_V)
-    nxt_V = jnp.where(total > 0, nxt_V / jnp.where(total > 0, total, 1.0), r_V)
-    r_V = jnp.where(reject, nxt_V, r_V)
-    return (r_V, done | accept, jnp.where(accept, x, token)), None
-
-  init = (q_V, jnp.bool_(False), jnp.int32(0))
-  (r_V, accepted, token), _ = jax.lax.scan(try_draft, init, (drafts_K, valid_K, u_K))
-  y = categorical(residual_key, r_V, fallback_V=q_V)
-  return jnp.where(accepted, token, y).astype(jnp.int32), accepted, jnp.float32(0.0)
+  # The chain of targets r_1 = q, r_{j+1} = norm(max(r_j - p, 0)) does not depend on the
+  # rejected draft values, so it is computed once; the j-th valid draft is tried against r_j.
+  r_K1xV, _ = acceptance.specinfer_residuals(p_V, q_V, drafts_K.shape[0])
+  stage_K = jnp.cumsum(valid_K) - 1
+  px_K = p_V[drafts_K]
+  rx_K = r_K1xV[jnp.maximum(stage_K, 0), drafts_K]
+  ratio_K = jnp.where(px_K > 0, rx_K / jnp.where(px_K > 0, px_K, 1.0), 0.0)
+  accept_K = valid_K & (jax.random.uniform(accept_key, drafts_K.shape) < ratio_K)
+  accepted = jnp.any(accept_K)
+  y = categorical(residual_key, r_K1xV[jnp.sum(valid_K)])
+  token = jnp.where(accepted, drafts_K[jnp.argmax(accept_K)], y)
+  return token.astype(jnp.int32), accepted, jnp.float32(0.0)
 
 
 _VERIFIERS: dict[str, Callable] = {
