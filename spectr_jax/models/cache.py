@@ -103,18 +103,17 @@ def commit(cache: KVCache, tail_idx_B: jax.Array, num_B: jax.Array) -> KVCache:
   Returns:
     The cache with the longer prefix and all tails emptied.
   """
-  b_idx_B = jnp.arange(cache.B)
-  pos_BxR = cache.prefix_len[:, None] + jnp.arange(cache.R)[None, :]
-  b_idx_BxR = jnp.broadcast_to(b_idx_B[:, None], pos_BxR.shape)
 
-  def _append(prefix, tail):
-    window = tail[:, b_idx_B, tail_idx_B]
-    return prefix.at[:, b_idx_BxR, pos_BxR].set(window, mode="drop")
+  def _append_row(prefix_SxHkxDh, tail_KxRxHkxDh, tail_idx, start):
+    pos_R = start + jnp.arange(cache.R)
+    return prefix_SxHkxDh.at[pos_R].set(tail_KxRxHkxDh[tail_idx], mode="drop")
 
+  # vmap over rows inside vmap over layers: the scatter keeps the N x B x S layout.
+  append = jax.vmap(jax.vmap(_append_row), in_axes=(0, 0, None, None))
   prefix_len = jnp.minimum(cache.prefix_len + num_B.astype(jnp.int32), cache.S)
   return cache.replace(
-    prefix_k=_append(cache.prefix_k, cache.tail_k),
-    prefix_v=_append(cache.prefix_v, cache.tail_v),
+    prefix_k=append(cache.prefix_k, cache.tail_k, tail_idx_B, cache.prefix_len),
+    prefix_v=append(cache.prefix_v, cache.tail_v, tail_idx_B, cache.prefix_len),
     prefix_len=prefix_len,
     tail_len=jnp.zeros_like(cache.tail_len),
   )

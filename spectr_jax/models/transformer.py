@@ -59,14 +59,16 @@ def _causal_attention(
   return o_BxTxHkxGxDh.reshape(b, t, h, dh), (k_BxTxHkxDh, v_BxTxHkxDh)
 
 
-def _write_tail(tail_BxKxRxHkxDh: jax.Array, new_BxKxTxHkxDh: jax.Array, start_BxK: jax.Array):
+def _write_tail(
+  tail_BxKxRxHkxDh: jax.Array, new_BxKxTxHkxDh: jax.Array, start_BxK: jax.Array
+) -> jax.Array:
   """Writes T new entries of every tail at its own start; entries past R are dropped."""
-  b, k, t = new_BxKxTxHkxDh.shape[:3]
-  b_idx_BxKxT = jnp.broadcast_to(jnp.arange(b)[:, None, None], (b, k, t))
-  k_idx_BxKxT = jnp.broadcast_to(jnp.arange(k)[None, :, None], (b, k, t))
-  r_idx_BxKxT = start_BxK[:, :, None] + jnp.arange(t)
-  new = new_BxKxTxHkxDh.astype(tail_BxKxRxHkxDh.dtype)
-  return tail_BxKxRxHkxDh.at[b_idx_BxKxT, k_idx_BxKxT, r_idx_BxKxT].set(new, mode="drop")
+
+  def write(tail_RxHkxDh, new_TxHkxDh, start):
+    pos_T = start + jnp.arange(new_TxHkxDh.shape[0])
+    return tail_RxHkxDh.at[pos_T].set(new_TxHkxDh.astype(tail_RxHkxDh.dtype), mode="drop")
+
+  return jax.vmap(jax.vmap(write))(tail_BxKxRxHkxDh, new_BxKxTxHkxDh, start_BxK)
 
 
 def _tail_attention(
