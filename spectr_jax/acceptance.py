@@ -245,3 +245,18 @@ def _optimal_acceptance(p_V, q_V, k):
   q_cum = jnp.cumsum(q_V[order_V])
   cuts = q_cum + 1.0 - jnp.clip(p_cum, 0.0, 1.0) ** k_f
   return jnp.minimum(jnp.min(cuts), 1.0)
+
+
+def compare_methods(p_V, q_V, k: int) -> dict[str, float]:
+  """Exact hit probability of every verifier at one position, with k drafts.
+
+  Returns a dict with "single" (one draft), "kseq-star", "kseq-k", "specinfer" and
+  "optimal" (the bound alpha*).
+  """
+  return {
+    "single": float(overlap(p_V, q_V)),
+    "kseq-star": float(kseq_acceptance(p_V, q_V, k, rho="star").hit),
+    "kseq-k": float(kseq_acceptance(p_V, q_V, k, rho="k").hit),
+    "specinfer": float(specinfer_acceptance(p_V, q_V, k)),
+    "optimal": float(optimal_acceptance(p_V, q_V, k)),
+  }
