@@ -1,0 +1,402 @@
+"""The exact, OT-optimal multi-draft verifier (design: docs/OPTIMAL_VERIFIER.md).
+
+With k i.i.d. drafts X_1..X_k ~ p, `optimal` outputs Y ~ q exactly and, with its
+default levels, hits a draft with probability alpha*(p, q, k), the optimal-transport
+bound (`acceptance.optimal_acceptance`), where K-SEQ reaches 1 - (1 - 1/k)^k of it.
+
+Notation. Tokens with p > 0 sorted by q/p descending are the slots 1..n (tokens with
+p = 0 follow and are never drafted); breakpoint j sits after slot j (j = 0..V).
+P_j = p(slots 1..j), u_j = 1 - P_j, Q_j = q(slots 1..j), h_j = 1 - u_j^k (the chance that
+a draft falls in slots 1..j). Each breakpoint has a level in [0, 1]. The rule:
+
+  U ~ Uniform(0, 1]; breakpoints with level >= U cut the slots into groups;
+  Z = a uniformly chosen draft of the earliest group that holds a draft (duplicates count);
+  accept Z with probability min(1, q(Z) / r(Z)), else sample norm(q - min(r, q)),
+
+where r is the law of Z. While group (i, l] exists, each of its slots t is selected at
+rate p_t H_{k-1}(u_i, u_l) (H_d: complete homogeneous symmetric polynomial), so r follows
+from the levels by integrating over U. r is always computed from the levels actually
+used, so the output law is q for ANY levels; only the acceptance depends on them.
+
+Levels: the vertices of the lower convex hull of (Q_j, h_j) (the blocks) get level 1, and
+the `num_cuts` heaviest interior breakpoints (by p + q of the slot before them) get the
+removal times of a deletion-only kinetic hull (OPTIMAL.md); all others get level 0. With
+num_cuts >= V the levels are those of the note and sum min(r, q) = alpha*; with the
+default 64 measured acceptance stays within 1e-3 of alpha* (docs/OPTIMAL_VERIFIER.md).
+
+CPU note: the hull is one monotone-chain pass and the levels one loop of num_cuts events.
+Both are sequential; under `vmap` the whole per-position construction is mapped with
+`lax.map` (a custom batching rule), which is the fast layout on CPU.
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from spectr_jax import acceptance, checks
+from spectr_jax.sampling import categorical
+
+__all__ = ["DEFAULT_NUM_CUTS", "OptimalPlan", "optimal", "optimal_plan", "selection_law"]
+
+DEFAULT_NUM_CUTS = 64
+
+
+class OptimalPlan(NamedTuple):
+  """The verifier's construction at one position (shapes for vocabulary size V).
+
+  order_V: tokens in slot order (int32; tokens with p = 0 last).
+  levels_V1: level of breakpoints 0..V (1 at block ends).
+  r_V: law of the selected draft Z (sums to 1 for k >= 1, zero for k = 0).
+  accept: sum min(r, q), the verifier's hit probability.
+  bound: alpha*(p, q, k) from the same prefix sums.
+  shortfall: the O(n) optimality check: the mass by which r exceeds q on blocks of hull
+    slope <= 1 plus the mass by which it falls short of q on blocks of slope > 1. It is 0
+    exactly when accept = bound; otherwise bound - accept = shortfall (up to rounding).
+  """
+
+  order_V: jax.Array
+  levels_V1: jax.Array
+  r_V: jax.Array
+  accept: jax.Array
+  bound: jax.Array
+  shortfall: jax.Array
+
+
+def _h2(x, y, d, k):
+  """H_{k-1}(x, y) for x = y + d >= y >= 0 and real k >= 0, accurate for any gap d."""
+  safe_y = jnp.where(y > 0, y, 1.0)
+  safe_d = jnp.where(d > 0, d, 1.0)
+  close = y * y > (y + d) * y * 0.5
+  near = y**k * jnp.expm1(k * jnp.log1p(d / safe_y)) / safe_d
+  far = (x**k - y**k) / safe_d
+  spread = jnp.where(close, near, far)
+  return jnp.where(k > 0, jnp.where(d > 0, spread, k * y ** jnp.maximum(k - 1, 0)), 0.0)
+
+
+def _h3(x, y, z, k):
+  """H_{k-2}(x, y, z) for integer k (traced) by the recurrences in the degree."""
+
+  def step(_, carry):
+    y_pow, h2, h3 = carry
+    y_pow = y_pow * y
+    h2 = x * h2 + y_pow
+    return y_pow, h2, h2 + z * h3
+
+  one = jnp.ones_like(x)
+  _, _, h3 = lax.fori_loop(0, jnp.maximum(k - 2, 0), step, (one, one, one))
+  return jnp.where(k >= 2, h3, 0.0)
+
+
+def _slot_order(p_V, q_V):
+  """Tokens sorted by q/p descending (stable), tokens with p = 0 last."""
+  ratio_V = q_V / jnp.where(p_V > 0, p_V, 1.0)
+  key_V = jnp.where(p_V > 0, jnp.where(q_V > 0, -ratio_V, 0.0), jnp.inf)
+  return jnp.argsort(key_V, stable=True).astype(jnp.int32)
+
+
+def _hull_stack(Q_N1, h_N1, m):
+  """Lower convex hull of (Q_j, h_j), j = 0..m, by one monotone-chain pass.
+
+  Returns (stack, size): stack[:size] are the vertex indices in increasing order.
+  The pass reads the stack only before its one write per step and reads the written
+  cell back to learn whether it pushed, which lets XLA update the stack in place.
+  """
+  n1 = Q_N1.shape[0]
+
+  def at(x, i):
+    return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+
+  def body(carry):
+    j, size, stack = carry
+    a = at(stack, jnp.maximum(size - 2, 0))
+    b = at(stack, jnp.maximum(size - 1, 0))
+    qa, qb, qj = at(Q_N1, a), at(Q_N1, b), at(Q_N1, j)
+    ha, hb, hj = at(h_N1, a), at(h_N1, b), at(h_N1, j)
+    pop = (size >= 2) & ((hb - ha) * (qj - qa) >= (hj - ha) * (qb - qa))
+    stack = lax.dynamic_update_index_in_dim(stack, j, jnp.where(pop, n1, size), 0)
+    pushed = (at(stack, size) == j).astype(jnp.int32)
+    return j + pushed, size + 2 * pushed - 1, stack
+
+  init = (jnp.int32(0), jnp.int32(0), jnp.full((n1 + 1,), -1, jnp.int32))
+  _, size, stack = lax.while_loop(lambda c: c[0] <= m, body, init)
+  return stack[:n1], size
+
+
+class _Kinetic(NamedTuple):
+  """State of the kinetic loop over M candidate breakpoints (index M is a dummy)."""
+
+  events: jax.Array  # current removal event of each live candidate, inf otherwise
+  prev_node: jax.Array  # neighbouring live candidate in the same block, or -1
+  next_node: jax.Array
+  prev_slot: jax.Array  # neighbouring breakpoint (a candidate or a block end)
+  next_slot: jax.Array
+  left_start: jax.Array  # level at which the group (prev_slot, node] was formed
+  right_start: jax.Array  # level at which the group (node, next_slot] was formed
+  level: jax.Array
+
+
+def _kinetic(nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k):
+  """Kinetic levels of the candidate breakpoints `nodes_M` (sorted by index).
+
+  Each real candidate j lies strictly inside its block (a_j, b_j). The loop removes the
+  candidate with the smallest current event, links its neighbours, and records the two
+  groups it closes and, for the last candidate of a block, the start of the block's group.
+
+  Returns (node_M, level_M, left_2M, right_2M, life_2M, final_b_M): per step, the removed
+  candidate (M if none) and its level; the closed groups (left, right] and their lifetimes;
+  the block end whose final group starts at that level (-1 if none).
+  """
+  num = nodes_M.shape[0]
+  idx = jnp.arange(num)
+  same = (a_M[None, :] == a_M[:, None]) & is_node_M[None, :]
+  prev_node = jnp.max(jnp.where(same & (idx[None, :] < idx[:, None]), idx[None, :], -1), axis=1)
+  next_node = jnp.min(jnp.where(same & (idx[None, :] > idx[:, None]), idx[None, :], num), axis=1)
+  next_node = jnp.where(next_node == num, -1, next_node)
+  prev_slot = jnp.where(prev_node >= 0, nodes_M[jnp.maximum(prev_node, 0)], a_M)
+  next_slot = jnp.where(next_node >= 0, nodes_M[jnp.maximum(next_node, 0)], b_M)
+  dq_M = Q_N1[b_M] - Q_N1[a_M]
+  slope_M = (h_N1[b_M] - h_N1[a_M]) / jnp.where(dq_M > 0, dq_M, 1.0)
+
+  def pad(x, value):
+    return jnp.concatenate([x, jnp.full((1,), value, x.dtype)])
+
+  nodes, slope = pad(nodes_M, 0), pad(slope_M, 0.0)
+
+  def event(i, j, r, c):
+    p_ij, p_jl = P_N1[j] - P_N1[i], P_N1[r] - P_N1[j]
+    q_ij, q_jl = Q_N1[j] - Q_N1[i], Q_N1[r] - Q_N1[j]
+    gap = (p_ij + p_jl) * p_ij * p_jl * _h3(u_N1[i], u_N1[j], u_N1[r], k)
+    lift = c * (q_ij * p_jl - q_jl * p_ij)
+    return jnp.where(gap > 0, lift / jnp.where(gap > 0, gap, 1.0), 0.0)
+
+  events = jnp.where(is_node_M, event(prev_slot, nodes_M, next_slot, slope_M), jnp.inf)
+  zero = jnp.zeros((num + 1,), events.dtype)
+  init = _Kinetic(
+    pad(events, jnp.inf),
+    pad(prev_node, -1),
+    pad(next_node, -1),
+    pad(prev_slot, 0),
+    pad(next_slot, 0),
+    zero,
+    zero,
+    jnp.zeros((), events.dtype),
+  )
+
+  def step(s: _Kinetic, _):
+    i = jnp.argmin(s.events)
+    live = s.events[i] < jnp.inf
+    i = jnp.where(live, i, num)
+    level = jnp.where(live, jnp.clip(s.events[i], s.level, 1.0), s.level)
+    left, right = s.prev_node[i], s.next_node[i]
+    li = jnp.where(left >= 0, left, num)
+    ri = jnp.where(right >= 0, right, num)
+    record = (
+      i,
+      level,
+      jnp.stack([s.prev_slot[i], nodes[i]]),
+      jnp.stack([nodes[i], s.next_slot[i]]),
+      jnp.where(live, jnp.stack([level - s.left_start[i], level - s.right_start[i]]), 0.0),
+      jnp.where(live & (left < 0) & (right < 0), s.next_slot[i], -1),
+    )
+    prev_slot = s.prev_slot.at[ri].set(s.prev_slot[i])
+    next_slot = s.next_slot.at[li].set(s.next_slot[i])
+    both = jnp.stack([li, ri])
+    fresh = event(prev_slot[both], nodes[both], next_slot[both], slope[both])
+    events = s.events.at[i].set(jnp.inf).at[both].set(fresh).at[num].set(jnp.inf)
+    new = _Kinetic(
+      events,
+      s.prev_node.at[ri].set(left),
+      s.next_node.at[li].set(right),
+      prev_slot,
+      next_slot,
+      s.left_start.at[ri].set(level),
+      s.right_start.at[li].set(level),
+      level,
+    )
+    return new, record
+
+  _, (node, level, left, right, life, final_b) = lax.scan(step, init, None, length=num)
+  return node, level, left.reshape(-1), right.reshape(-1), life.reshape(-1), final_b
+
+
+def _plan_single(p_V, q_V, k, num_cuts: int) -> OptimalPlan:
+  """`optimal_plan` for one position (1-D p_V, q_V; scalar k)."""
+  vocab = p_V.shape[0]
+  dtype = p_V.dtype
+  k_f = jnp.asarray(k, dtype)
+  k_i = jnp.asarray(k, jnp.int32)
+  order_V = _slot_order(p_V, q_V)
+  ps_V, qs_V = p_V[order_V], q_V[order_V]
+  zero = jnp.zeros((1,), dtype)
+  P_N1 = jnp.concatenate([zero, jnp.cumsum(ps_V)])
+  u_N1 = jnp.concatenate([jnp.cumsum(ps_V[::-1])[::-1], zero])
+  Q_N1 = jnp.concatenate([zero, jnp.cumsum(qs_V)])
+  h_N1 = P_N1 * _h2(jnp.ones_like(u_N1), u_N1, P_N1, k_f)
+  m = jnp.sum((p_V > 0) & (q_V > 0)).astype(jnp.int32)
+
+  # Blocks: the lower hull's vertices, then every breakpoint from m on.
+  stack_N1, size = _hull_stack(Q_N1, h_N1, m)
+  j_N1 = jnp.arange(vocab + 1, dtype=jnp.int32)
+  on_hull = jnp.zeros((vocab + 2,), bool).at[jnp.where(j_N1 < size, stack_N1, vocab + 1)].set(True)
+  vertex_N1 = on_hull[: vocab + 1] | (j_N1 >= m)
+  count_N1 = jnp.cumsum(vertex_N1.astype(jnp.int32))
+  # Slot t = 1..V lies in block (a_t, b_t]: a_t the last vertex before t, b_t the first from t.
+  block_V = count_N1[:-1] - 1
+  vertices_N1 = (
+    jnp.full((vocab + 2,), vocab, jnp.int32)
+    .at[jnp.where(vertex_N1, count_N1 - 1, vocab + 1)]
+    .set(j_N1)
+  )
+  a_V, b_V = vertices_N1[block_V], vertices_N1[block_V + 1]
+
+  # Kinetic levels of the num_cuts heaviest interior breakpoints.
+  num = min(num_cuts, vocab + 1)
+  weight_N1 = jnp.concatenate([jnp.full((1,), -jnp.inf, dtype), ps_V + qs_V])
+  weight_N1 = jnp.where(vertex_N1, -jnp.inf, weight_N1)
+  top_w, top_j = lax.top_k(weight_N1, num)
+  order_M = jnp.argsort(top_j)
+  nodes_M, is_node_M = top_j[order_M].astype(jnp.int32), top_w[order_M] > -jnp.inf
+  a_M = jnp.where(is_node_M, a_V[jnp.maximum(nodes_M - 1, 0)], 0)
+  b_M = jnp.where(is_node_M, b_V[jnp.maximum(nodes_M - 1, 0)], 0)
+  node, level, left, right, life, final_b = _kinetic(
+    nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k_i
+  )
+  levels_N1 = vertex_N1.astype(dtype)
+  levels_N1 = levels_N1.at[
+    jnp.where(node < num, nodes_M[jnp.minimum(node, num - 1)], vocab + 1)
+  ].set(level, mode="drop")
+
+  # Selection rates: each block's final group, plus the groups closed in the loop.
+  final_start = (
+    jnp.zeros((vocab + 2,), dtype).at[jnp.where(final_b >= 0, final_b, vocab + 1)].set(level)
+  )
+  gap_V = jnp.where(b_V - a_V == 1, ps_V, P_N1[b_V] - P_N1[a_V])
+  rate_V = (1.0 - final_start[b_V]) * _h2(u_N1[a_V], u_N1[b_V], gap_V, k_f)
+  weight_2M = life * _h2(u_N1[left], u_N1[right], P_N1[right] - P_N1[left], k_f)
+  diff = jnp.zeros((vocab + 2,), dtype).at[left].add(weight_2M).at[right].add(-weight_2M)
+  rate_V = rate_V + jnp.cumsum(diff)[:vocab]
+  r_slot_V = ps_V * rate_V
+  r_V = jnp.zeros((vocab,), dtype).at[order_V].set(r_slot_V)
+  accept = jnp.sum(jnp.minimum(r_V, q_V))
+
+  q_tot = Q_N1[-1] - jnp.sum(jnp.where(p_V > 0, 0.0, q_V))
+  bound = jnp.minimum(jnp.min(q_tot - Q_N1 + h_N1), 1.0)
+  dq_V = Q_N1[b_V] - Q_N1[a_V]
+  slope_V = jnp.where(dq_V > 0, (h_N1[b_V] - h_N1[a_V]) / jnp.where(dq_V > 0, dq_V, 1.0), jnp.inf)
+  excess_V = jnp.where(slope_V <= 1.0, r_slot_V - qs_V, qs_V - r_slot_V)
+  shortfall = jnp.sum(jnp.where(ps_V > 0, jnp.maximum(excess_V, 0.0), 0.0))
+  return OptimalPlan(order_V, levels_N1, r_V, accept, bound, shortfall)
+
+
+@functools.cache
+def _plan_fn(num_cuts: int):
+  """`_plan_single` for a static num_cuts, batched by `lax.map` under `vmap`."""
+
+  @jax.custom_batching.custom_vmap
+  def plan(p_V, q_V, k):
+    return _plan_single(p_V, q_V, k, num_cuts)
+
+  @plan.def_vmap
+  def _plan_vmap(axis_size, in_batched, p_V, q_V, k):
+    args = [
+      x if batched else jnp.broadcast_to(x, (axis_size, *jnp.shape(x)))
+      for x, batched in zip((p_V, q_V, k), in_batched, strict=True)
+    ]
+    out = lax.map(lambda a: plan(*a), tuple(args))
+    return out, OptimalPlan(*([True] * len(OptimalPlan._fields)))
+
+  return plan
+
+
+@functools.partial(jax.jit, static_argnames="num_cuts")
+def _optimal_plan(p_V, q_V, k, *, num_cuts):
+  return _plan_fn(num_cuts)(p_V, q_V, jnp.asarray(k, jnp.int32))
+
+
+def optimal_plan(p_V, q_V, k, *, num_cuts: int = DEFAULT_NUM_CUTS) -> OptimalPlan:
+  """The optimal verifier's construction at one position (see `OptimalPlan`).
+
+  Args:
+    p_V, q_V: draft and target distributions (float32, or float64 with x64 enabled).
+    k: number of drafts (int, may be traced; 0 gives r = 0).
+    num_cuts: how many interior breakpoints may get kinetic levels (static); V or more
+      gives the full construction of OPTIMAL.md.
+
+  Returns:
+    An `OptimalPlan`.
+  """
+  checks.distributions(p_V=p_V, q_V=q_V)
+  return _optimal_plan(p_V, q_V, k, num_cuts=num_cuts)
+
+
+def selection_law(p_V, q_V, k, *, num_cuts: int = DEFAULT_NUM_CUTS):
+  """The exact law r of the draft Z that `optimal` selects, and sum min(r, q).
+
+  Args: as `optimal_plan`.
+
+  Returns:
+    (r_V, accept_prob): r sums to 1 (k >= 1); accept_prob is the hit probability of
+    `optimal`, equal to alpha*(p, q, k) when the plan meets the bound.
+  """
+  plan = optimal_plan(p_V, q_V, k, num_cuts=num_cuts)
+  return plan.r_V, plan.accept
+
+
+def _select(key, drafts_K, valid_K, order_V, levels_V1):
+  """Index into drafts_K of the draft Z that the rule selects (any valid draft if k > 0)."""
+  vocab = order_V.shape[0]
+  level_key, pick_key = jax.random.split(key)
+  slot_V = jnp.zeros((vocab,), jnp.int32).at[order_V].set(jnp.arange(1, vocab + 1, dtype=jnp.int32))
+  slot_K = jnp.where(valid_K, slot_V[drafts_K], vocab + 1)
+  first = jnp.min(slot_K)
+  u_level = 1.0 - jax.random.uniform(level_key, dtype=levels_V1.dtype)
+  j_V1 = jnp.arange(vocab + 1)
+  cut_V1 = ((levels_V1 >= u_level) | (j_V1 == vocab)) & (j_V1 >= first)
+  end = jnp.min(jnp.where(cut_V1, j_V1, vocab))
+  in_group_K = valid_K & (slot_K <= end)
+  count = jnp.sum(in_group_K)
+  pick = jnp.floor(jax.random.uniform(pick_key) * count).astype(jnp.int32)
+  rank_K = jnp.cumsum(in_group_K) - 1
+  return jnp.argmax(in_group_K & (rank_K == jnp.minimum(pick, count - 1)))
+
+
+@functools.partial(jax.jit, static_argnames="num_cuts")
+def _optimal(key, drafts_K, p_V, q_V, valid_K, *, num_cuts):
+  select_key, accept_key, residual_key = jax.random.split(key, 3)
+  k = jnp.sum(valid_K).astype(jnp.int32)
+  plan = _plan_fn(num_cuts)(p_V, q_V, k)
+  z = drafts_K[_select(select_key, drafts_K, valid_K, plan.order_V, plan.levels_V1)]
+  u_accept = jax.random.uniform(accept_key, dtype=p_V.dtype)
+  accepted = (k > 0) & (u_accept * plan.r_V[z] < q_V[z])
+  y = categorical(residual_key, acceptance.residual(q_V, jnp.minimum(plan.r_V, q_V)))
+  return jnp.where(accepted, z, y).astype(jnp.int32), accepted
+
+
+def optimal(key, drafts_K, p_V, q_V, *, valid_K=None, num_cuts: int = DEFAULT_NUM_CUTS):
+  """The OT-optimal verifier of the valid drafts at one position.
+
+  Selects one draft Z by the level rule (module docstring), accepts it with probability
+  min(1, q(Z) / r(Z)), otherwise samples norm(q - min(r, q)). The output is distributed
+  as q for any levels; the hit probability is `selection_law(...)[1]` (alpha* when the
+  plan meets the bound). k = number of valid drafts; k = 0 samples q.
+
+  Args:
+    key: PRNG key.
+    drafts_K: int drafts, i.i.d. from p_V (duplicates are separate chances).
+    p_V, q_V: draft and target distributions.
+    valid_K: optional bool mask of the drafts to use.
+    num_cuts: static; see `optimal_plan`.
+
+  Returns:
+    (token, accepted): int32 token ~ q and whether it came from the accept branch.
+  """
+  checks.distributions(p_V=p_V, q_V=q_V)
+  checks.shape("drafts_K", drafts_K, (None,))
+  checks.shape("q_V", q_V, (p_V.shape[-1],))
+  if valid_K is None:
+    valid_K = jnp.ones(drafts_K.shape, bool)
+  checks.shape("valid_K", valid_K, drafts_K.shape)
+  return _optimal(key, drafts_K, p_V, q_V, jnp.asarray(valid_K, bool), num_cuts=num_cuts)

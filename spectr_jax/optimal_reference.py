@@ -1,0 +1,213 @@
+"""Float64 numpy reference of the OT-optimal multi-draft verifier (docs/OPTIMAL_VERIFIER.md).
+
+Slow, sequential and straightforward: it states the construction that `optimal.py`
+vectorises, and the tests check the JAX verifier against it. Notation (slots, P, u, Q,
+h, levels, groups) as in `optimal.py`.
+
+- `reference_plan(p, q, k)`: slot order, (Q, h) lower hull, kinetic levels (all interior
+  breakpoints, or only the `num_cuts` heaviest), the selection law r and sum min(r, q).
+- `rates_from_levels(levels, u, k)`: the selection rate of every slot for ANY level
+  array (r = p * rate), by merging groups in order of level.
+- `selection_given_drafts(slots, levels, u_draw)`: which draft the rule selects.
+"""
+
+import heapq
+from typing import NamedTuple
+
+import numpy as np
+
+
+def complete_h2(x, y, degree: int):
+  """H_degree(x, y) = sum_{i=0}^{degree} x^i y^(degree-i) (0 for degree < 0)."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  return sum(x**i * y ** (degree - i) for i in range(degree + 1)) + 0.0 * (x + y)
+
+
+def complete_h3(x, y, z, degree: int):
+  """H_degree(x, y, z): the sum of all monomials of that degree (0 for degree < 0)."""
+  total = 0.0 * (x + y + z)
+  for i in range(degree + 1):
+    for j in range(degree + 1 - i):
+      total = total + x**i * y**j * z ** (degree - i - j)
+  return total
+
+
+class ReferencePlan(NamedTuple):
+  """The optimal verifier's construction for one position, in float64.
+
+  order_N: tokens with p > 0 sorted by q/p descending (stable); slot t (1-based) is
+    order_N[t - 1]. P, u, Q, h: arrays over breakpoints 0..n (P_j = p(slots 1..j),
+    u_j = 1 - P_j, Q_j = q(slots 1..j), h_j = 1 - u_j^k). vertex: breakpoints that are
+    block ends. levels: the level of every breakpoint (1 at block ends). r_V: law of the
+    selected draft. accept: sum min(r, q). bound: alpha*.
+  """
+
+  order_N: np.ndarray
+  P: np.ndarray
+  u: np.ndarray
+  Q: np.ndarray
+  h: np.ndarray
+  vertex: np.ndarray
+  levels: np.ndarray
+  r_V: np.ndarray
+  accept: float
+  bound: float
+
+
+def slot_arrays(p, q, k):
+  """Slot order and the prefix arrays P, u, Q, h over breakpoints 0..n."""
+  p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+  support = np.flatnonzero(p > 0)
+  ratio = q[support] / p[support]
+  order_N = support[np.argsort(-ratio, kind="stable")]
+  ps, qs = p[order_N], q[order_N]
+  P = np.concatenate([[0.0], np.cumsum(ps)])
+  u = np.concatenate([np.cumsum(ps[::-1])[::-1], [0.0]])
+  Q = np.concatenate([[0.0], np.cumsum(qs)])
+  h = 1.0 - u**k
+  return order_N, P, u, Q, h
+
+
+def lower_hull(Q, h, m: int):
+  """Vertex mask of the lower convex hull of (Q_j, h_j), j = 0..m; breakpoints > m are
+  vertices too (each slot with q = 0 is its own block)."""
+  stack: list[int] = []
+  for j in range(m + 1):
+    while len(stack) >= 2:
+      a, b = stack[-2], stack[-1]
+      if (h[b] - h[a]) * (Q[j] - Q[a]) >= (h[j] - h[a]) * (Q[b] - Q[a]):
+        stack.pop()
+      else:
+        break
+    stack.append(j)
+  vertex = np.zeros(len(Q), bool)
+  vertex[stack] = True
+  vertex[m:] = True
+  return vertex
+
+
+def _event(i, j, r, P, Q, u, k, slope):
+  """The level at which breakpoint j leaves the kinetic hull between i and r."""
+  p_ij, p_jl = P[j] - P[i], P[r] - P[j]
+  q_ij, q_jl = Q[j] - Q[i], Q[r] - Q[j]
+  gap = (p_ij + p_jl) * p_ij * p_jl * complete_h3(u[i], u[j], u[r], k - 2)
+  if gap <= 0:
+    return 0.0
+  return slope * (q_ij * p_jl - q_jl * p_ij) / gap
+
+
+def kinetic_levels(P, Q, u, h, vertex, k, cut):
+  """Levels: 1 at block ends, removal times of the deletion-only kinetic hull for the
+  breakpoints in `cut` (interior ones), 0 elsewhere."""
+  n1 = len(P)
+  levels = np.where(vertex, 1.0, 0.0)
+  nodes = np.flatnonzero(vertex | cut)
+  prev = dict(zip(nodes[1:], nodes[:-1], strict=True))
+  nxt = dict(zip(nodes[:-1], nodes[1:], strict=True))
+  vert_idx = np.flatnonzero(vertex)
+  block_start = vert_idx[np.searchsorted(vert_idx, np.arange(n1), side="right") - 1]
+  block_end = vert_idx[np.minimum(np.searchsorted(vert_idx, np.arange(n1)), len(vert_idx) - 1)]
+  slope = {}
+  heap: list = []
+  version: dict = {}
+  for j in nodes:
+    if vertex[j]:
+      continue
+    a, b = block_start[j], block_end[j]
+    slope[j] = (h[b] - h[a]) / (Q[b] - Q[a])
+    version[j] = 0
+    heapq.heappush(heap, (_event(prev[j], j, nxt[j], P, Q, u, k, slope[j]), j, 0))
+  level = 0.0
+  while heap:
+    e, j, ver = heapq.heappop(heap)
+    if version.get(j) != ver:
+      continue
+    level = min(max(level, e), 1.0)
+    levels[j] = level
+    version[j] = -1
+    a, b = prev[j], nxt[j]
+    nxt[a], prev[b] = b, a
+    for t in (a, b):
+      if not vertex[t]:
+        version[t] += 1
+        heapq.heappush(heap, (_event(prev[t], t, nxt[t], P, Q, u, k, slope[t]), t, version[t]))
+  return levels
+
+
+def rates_from_levels(levels, u, k):
+  """Selection rate of each slot 1..n for an arbitrary level array over breakpoints 0..n.
+
+  While group (i, l] exists (an interval of U), each of its slots is selected at rate
+  H_{k-1}(u_i, u_l) per unit of p; integrating over U ~ Uniform(0, 1) gives r / p.
+  """
+  n1 = len(levels)
+  levels = np.asarray(levels, np.float64).copy()
+  levels[0] = levels[-1] = 1.0
+  prev = np.arange(-1, n1 - 1)
+  nxt = np.arange(1, n1 + 1)
+  start = np.zeros(n1)  # start[l]: level at which the group ending at l was formed
+  diff = np.zeros(n1 + 1)
+
+  def close(i, r, end):
+    w = (end - start[r]) * complete_h2(u[i], u[r], k - 1)
+    diff[i + 1] += w
+    diff[r + 1] -= w
+
+  for j in sorted(range(1, n1 - 1), key=lambda t: levels[t]):
+    if levels[j] >= 1.0:
+      break
+    lv = max(levels[j], 0.0)
+    i, r = prev[j], nxt[j]
+    close(i, j, lv)
+    close(j, r, lv)
+    nxt[i], prev[r] = r, i
+    start[r] = lv
+  j = 0
+  while j < n1 - 1:
+    close(j, nxt[j], 1.0)
+    j = nxt[j]
+  return np.cumsum(diff)[1:n1]
+
+
+def reference_plan(p, q, k: int, num_cuts: int | None = None) -> ReferencePlan:
+  """The optimal verifier's construction (levels, r, acceptance) in float64.
+
+  Args:
+    p, q: draft and target distributions. k: number of drafts (>= 1).
+    num_cuts: if given, only the `num_cuts` interior breakpoints with the largest p + q of
+      the slot before them get kinetic levels; the others get level 0.
+  """
+  p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+  order_N, P, u, Q, h = slot_arrays(p, q, k)
+  n = len(order_N)
+  m = int(np.sum(q[order_N] > 0))
+  vertex = lower_hull(Q, h, m)
+  cut = ~vertex
+  if num_cuts is not None:
+    weight = np.concatenate([[-np.inf], p[order_N] + q[order_N]])
+    weight[vertex] = -np.inf
+    cut = np.zeros(n + 1, bool)
+    cut[np.argsort(-weight, kind="stable")[:num_cuts]] = True
+    cut &= ~vertex
+  levels = kinetic_levels(P, Q, u, h, vertex, k, cut)
+  rate = rates_from_levels(levels, u, k)
+  r_V = np.zeros_like(p)
+  r_V[order_N] = p[order_N] * rate
+  accept = float(np.minimum(r_V, q).sum())
+  bound = float(np.min(Q[n] - Q + h))
+  return ReferencePlan(order_N, P, u, Q, h, vertex, levels, r_V, accept, min(bound, 1.0))
+
+
+def selection_given_drafts(slots, levels, u_draw):
+  """The slot group selected by the rule for drafts at `slots` (1-based) and level U.
+
+  Returns the indices (into `slots`) of the drafts in the earliest group holding any
+  draft; the rule picks one of them uniformly.
+  """
+  slots = np.asarray(slots)
+  first = slots.min()
+  active = np.asarray(levels) >= u_draw
+  active[-1] = True
+  active = np.flatnonzero(active)
+  end = active[np.searchsorted(active, first)]
+  return np.flatnonzero(slots <= end)
