@@ -1,0 +1,230 @@
+"""Tests of training, checkpoints, resuming and the pair evaluation."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import draft as draft_config
+from configs import eval_pair as eval_pair_config
+from configs import target as target_config
+from spectr_jax import data, evaluate, train
+from spectr_jax.models import ModelBundle, init_params
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _test_config(module, cache_dir, **changes) -> train.TrainConfig:
+  config = train.TrainConfig.from_dict(module.get_config("test").to_dict())
+  config = dataclasses.replace(config, data=dataclasses.replace(config.data, cache_dir=cache_dir))
+  return dataclasses.replace(config, **changes)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> str:
+  return str(tmp_path_factory.mktemp("data_cache"))
+
+
+@pytest.fixture(scope="module")
+def target_run(tmp_path_factory, cache_dir):
+  """A finished 20-step run of the test target config."""
+  config = _test_config(target_config, cache_dir)
+  workdir = tmp_path_factory.mktemp("target")
+  return config, workdir, train.train(config, workdir)
+
+
+@pytest.fixture(scope="module")
+def draft_run(tmp_path_factory, cache_dir):
+  config = _test_config(draft_config, cache_dir)
+  workdir = tmp_path_factory.mktemp("draft")
+  return config, workdir, train.train(config, workdir)
+
+
+def _assert_params_equal(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("module", [draft_config, target_config])
+@pytest.mark.parametrize("arg", [None, "runlocal", "test"])
+def test_configs_convert(module, arg):
+  config = train.TrainConfig.from_dict(module.get_config(arg).to_dict())
+  assert train.TrainConfig.from_dict(config.to_dict()) == config
+  model = config.model_config()
+  assert model.vocab_size == config.data.vocab_size
+  assert model.max_len >= config.data.seq_len
+
+
+def test_config_argument_errors():
+  with pytest.raises(ValueError, match="unknown config argument"):
+    target_config.get_config("runlcal")
+  with pytest.raises(ValueError, match="unknown TrainConfig fields"):
+    train.TrainConfig.from_dict({"num_step": 3})
+
+
+def test_training_lowers_the_heldout_loss(target_run):
+  config, _, bundle = target_run
+  dataset = data.load_dataset(config.data)
+  rows = data.heldout_rows(dataset.heldout, config.data.seq_len, 64)
+  initial = ModelBundle(
+    config=bundle.config,
+    params=init_params(bundle.config, jax.random.fold_in(jax.random.key(config.seed), 0)),
+  )
+  before = train.heldout_loss(initial, rows, 8)
+  after = train.heldout_loss(bundle, rows, 8)
+  assert after < before - 0.2
+
+
+def test_checkpoint_restores_params_tokenizer_and_meta(target_run):
+  config, workdir, bundle = target_run
+  assert train.latest_step(workdir) == config.num_steps
+  loaded = train.load_bundle(workdir)
+  assert loaded.config == bundle.config
+  _assert_params_equal(loaded.params, bundle.params)
+  assert train.load_config(workdir) == config
+  meta = train.checkpoint_meta(workdir)
+  assert meta["step"] == config.num_steps
+  assert meta["positions_seen"] == config.num_steps * config.batch_size * config.data.seq_len
+  assert 0.5 < meta["row_fill"] < 1.0
+  assert meta["wall_time_s"] > 0
+  tokenizer = train.load_tokenizer(workdir)
+  assert tokenizer.model_proto == data.load_dataset(config.data).tokenizer.model_proto
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["10", "20"]
+  intermediate = train.load_bundle(workdir, step=10)
+  assert not np.array_equal(
+    jax.tree.leaves(intermediate.params)[0], jax.tree.leaves(bundle.params)[0]
+  )
+
+
+def test_resumed_run_equals_uninterrupted_run(target_run, tmp_path):
+  config, _, reference = target_run
+  partial = train.train(config, tmp_path, stop_at_step=7)
+  assert train.latest_step(tmp_path) == 7
+  assert not np.array_equal(
+    jax.tree.leaves(partial.params)[0], jax.tree.leaves(reference.params)[0]
+  )
+  resumed = train.train(config, tmp_path)
+  assert train.latest_step(tmp_path) == config.num_steps
+  _assert_params_equal(resumed.params, reference.params)
+
+
+def test_train_or_load_does_not_retrain(target_run, monkeypatch):
+  config, workdir, bundle = target_run
+
+  def fail(*args, **kwargs):
+    raise AssertionError("train_or_load retrained a finished run")
+
+  monkeypatch.setattr(train, "train", fail)
+  monkeypatch.setattr(train, "load_dataset", fail)
+  logistics = dataclasses.replace(config, log_every=1, eval_every=3)
+  _assert_params_equal(train.train_or_load(logistics, workdir).params, bundle.params)
+
+
+def test_checkpoint_errors(target_run, tmp_path):
+  config, workdir, _ = target_run
+  with pytest.raises(train.CheckpointError, match="learning_rate"):
+    train.train_or_load(dataclasses.replace(config, learning_rate=1.0), workdir)
+  with pytest.raises(train.CheckpointError, match="config.json is missing"):
+    train.load_bundle(tmp_path)
+  with pytest.raises(train.CheckpointError, match="no checkpoint for step 13"):
+    train.load_bundle(workdir, step=13)
+
+
+def test_model_too_short_for_rows(cache_dir, tmp_path):
+  config = _test_config(target_config, cache_dir)
+  config = dataclasses.replace(config, data=dataclasses.replace(config.data, seq_len=128))
+  with pytest.raises(ValueError, match="exceeds max_len"):
+    train.train(config, tmp_path)
+
+
+def test_sample_target_keeps_prompts_and_matches_greedy_reference(target_run):
+  config, _, bundle = target_run
+  dataset = data.load_dataset(config.data)
+  prompts = data.make_prompts(dataset.heldout, num_prompts=3, prompt_len=5, seed=0)
+  lengths = prompts.lengths_B.copy()
+  lengths[1] = 3
+  tokens = prompts.tokens_BxT.copy()
+  tokens[1, 3:] = data.PAD_ID
+  out = np.asarray(
+    evaluate.sample_target(bundle, tokens, lengths, 4, jax.random.key(0), jnp.float32(1e-4))
+  )
+  forward = jax.jit(lambda tokens: bundle.model.apply({"params": bundle.params}, tokens))
+  reference = np.full_like(out, data.PAD_ID)
+  for b in range(3):
+    reference[b, : lengths[b]] = tokens[b, : lengths[b]]
+    for pos in range(lengths[b], lengths[b] + 4):
+      reference[b, pos] = int(jnp.argmax(forward(reference[b : b + 1])[0, pos - 1]))
+  np.testing.assert_array_equal(out, reference)
+
+
+def test_acceptance_of_a_model_with_itself_is_one(target_run):
+  config, _, bundle = target_run
+  dataset = data.load_dataset(config.data)
+  rows = data.heldout_rows(dataset.heldout, config.data.seq_len, 8)
+  assert evaluate.teacher_forced_acceptance(bundle, bundle, rows, 8) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_evaluate_pair(draft_run, target_run, tmp_path):
+  _, draft_dir, _ = draft_run
+  _, target_dir, _ = target_run
+  c = eval_pair_config.get_config("test")
+  config = evaluate.EvalConfig(**{f: c[f] for f in evaluate.EvalConfig.__dataclass_fields__})
+  output = tmp_path / "pair.json"
+  results = evaluate.evaluate_workdirs(draft_dir, target_dir, config, output)
+  assert output.is_file()
+  for name in ("teacher_forced_acceptance", "sampled_acceptance"):
+    assert 0.0 < results[name] < 1.0
+  assert 1.0 < results["target_heldout_ppl"] < 600
+  assert results["draft_params"] < results["target_params"]
+  assert len(results["sampled_acceptance_by_position"]) == config.num_tokens
+
+
+def test_iid_block_efficiency():
+  assert evaluate.iid_block_efficiency(0.0, 4) == 1.0
+  assert evaluate.iid_block_efficiency(1.0, 4) == 5.0
+  assert evaluate.iid_block_efficiency(0.5, 1) == pytest.approx(1.5)
+
+
+@pytest.mark.slow
+def test_killed_subprocess_resumes_to_the_uninterrupted_result(cache_dir, tmp_path):
+  """Kills `experiments.train` after its first checkpoint, resumes, compares parameters."""
+  config = _test_config(target_config, cache_dir, num_steps=60, checkpoint_every=5)
+  reference = train.train(config, tmp_path / "reference")
+  command = [
+    sys.executable,
+    "-m",
+    "experiments.train",
+    "--config",
+    "configs/target.py:test",
+    "--config.num_steps=60",
+    "--config.checkpoint_every=5",
+    f"--config.data.cache_dir={cache_dir}",
+    f"--workdir={tmp_path / 'killed'}",
+  ]
+  process = subprocess.Popen(command, cwd=_REPO, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 120
+  while time.time() < deadline and process.poll() is None:
+    if (tmp_path / "killed" / "checkpoints" / "10").is_dir():
+      break
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  stopped_at = train.latest_step(tmp_path / "killed")
+  assert stopped_at is not None and stopped_at < 60
+  resumed = train.train(config, tmp_path / "killed")
+  _assert_params_equal(resumed.params, reference.params)
+
+
+@pytest.mark.slow
+def test_data_parallel_training_matches_one_device(target_run, tmp_path):
+  config, _, reference = target_run
+  sharded = train.train(dataclasses.replace(config, num_devices=2), tmp_path)
+  for x, y in zip(jax.tree.leaves(sharded.params), jax.tree.leaves(reference.params), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-4)
