@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from spectr_jax import acceptance, checks
@@ -65,38 +66,65 @@ class OptimalPlan(NamedTuple):
   shortfall: jax.Array
 
 
-def _h2(x, y, d, k):
-  """H_{k-1}(x, y) for x = y + d >= y >= 0 and real k >= 0, accurate for any gap d."""
-  safe_y = jnp.where(y > 0, y, 1.0)
-  safe_d = jnp.where(d > 0, d, 1.0)
-  close = y * y > (y + d) * y * 0.5
-  near = y**k * jnp.expm1(k * jnp.log1p(d / safe_y)) / safe_d
-  far = (x**k - y**k) / safe_d
-  spread = jnp.where(close, near, far)
-  return jnp.where(k > 0, jnp.where(d > 0, spread, k * y ** jnp.maximum(k - 1, 0)), 0.0)
-
-
-def _h3(x, y, z, k):
-  """H_{k-2}(x, y, z) for integer k (traced) by the recurrences in the degree."""
-
-  def step(_, carry):
-    y_pow, h2, h3 = carry
+def _h2(x, y, k, max_k: int):
+  """H_{k-1}(x, y) = sum_{i<k} x^i y^(k-1-i) for integer k in [0, max_k] (traced)."""
+  y_pow = jnp.ones_like(x * y)
+  total = jnp.zeros_like(y_pow)
+  for d in range(max_k):
+    total = jnp.where(d < k, x * total + y_pow, total)
     y_pow = y_pow * y
-    h2 = x * h2 + y_pow
-    return y_pow, h2, h2 + z * h3
+  return total
 
-  one = jnp.ones_like(x)
-  _, _, h3 = lax.fori_loop(0, jnp.maximum(k - 2, 0), step, (one, one, one))
-  return jnp.where(k >= 2, h3, 0.0)
+
+def _h3(x, y, z, k, max_k: int):
+  """H_{k-2}(x, y, z), the sum of all monomials of degree k - 2, for k in [0, max_k]."""
+  y_pow = jnp.ones_like(x * y * z)
+  h2 = jnp.zeros_like(y_pow)
+  h3 = jnp.zeros_like(y_pow)
+  for d in range(max_k - 1):
+    h2 = x * h2 + y_pow
+    h3 = jnp.where(d < k - 1, h2 + z * h3, h3)
+    y_pow = y_pow * y
+  return h3
 
 
 def _slot_order(p_V, q_V):
-  """Tokens sorted by q/p descending (stable), tokens with p = 0 last."""
-  ratio_V = q_V / jnp.where(p_V > 0, p_V, 1.0)
-  key_V = jnp.where(p_V > 0, jnp.where(q_V > 0, -ratio_V, 0.0), jnp.inf)
-  return jnp.argsort(key_V, stable=True).astype(jnp.int32)
+  """Tokens by q/p descending, then q = 0, then p = 0; ties by index.
+
+  One single-operand int32 sort of packed keys (ratio code, token index): the ratio keeps
+  the top 31 - ceil(log2 V) bits of its float32 pattern (16 at V = 32k: 8 bits of
+  mantissa). Tokens whose ratios share a code keep index order; this costs acceptance of
+  order 1e-8 at most (docs/OPTIMAL_VERIFIER.md) and never exactness.
+  """
+  vocab = p_V.shape[0]
+  index_bits = max(1, (vocab - 1).bit_length())
+  code_bits = 31 - index_bits
+  top = (1 << code_bits) - 3
+  ratio_V = (q_V / jnp.where(p_V > 0, p_V, 1.0)).astype(jnp.float32)
+  bits_V = lax.bitcast_convert_type(ratio_V, jnp.int32) >> index_bits
+  code_V = jnp.where(p_V > 0, jnp.where(q_V > 0, top - jnp.minimum(bits_V, top), top + 1), top + 2)
+  index_V = jnp.arange(vocab, dtype=jnp.int32)
+  key_V = lax.sort((code_V << index_bits) | index_V, is_stable=False)
+  return key_V & ((1 << index_bits) - 1)
 
 
+def _cumsum(x_NxC, block: int = 128):
+  """Inclusive cumulative sums down axis 0 of an N x C array, by blocked triangular
+  matmuls (several times faster than `jnp.cumsum` on CPU)."""
+  n, c = x_NxC.shape
+  rows = -(-n // block)
+  x_RxBxC = jnp.pad(x_NxC, ((0, rows * block - n), (0, 0))).reshape(rows, block, c)
+  hi = lax.Precision.HIGHEST
+  within = jnp.einsum(
+    "rbc,bd->rdc", x_RxBxC, jnp.triu(jnp.ones((block, block), x_NxC.dtype)), precision=hi
+  )
+  offset = jnp.einsum(
+    "rc,rs->sc", within[:, -1], jnp.triu(jnp.ones((rows, rows), x_NxC.dtype), 1), precision=hi
+  )
+  return (within + offset[:, None]).reshape(rows * block, c)[:n]
+
+
+@jax.custom_batching.custom_vmap
 def _hull_stack(Q_N1, h_N1, m):
   """Lower convex hull of (Q_j, h_j), j = 0..m, by one monotone-chain pass.
 
@@ -125,6 +153,17 @@ def _hull_stack(Q_N1, h_N1, m):
   return stack[:n1], size
 
 
+@_hull_stack.def_vmap
+def _hull_stack_vmap(axis_size, in_batched, Q_N1, h_N1, m):
+  """Batches of hulls run one after another: the pass is sequential by nature, and a
+  batched pass would turn its in-place stack updates into scatters."""
+  args = [
+    x if batched else jnp.broadcast_to(x, (axis_size, *jnp.shape(x)))
+    for x, batched in zip((Q_N1, h_N1, m), in_batched, strict=True)
+  ]
+  return lax.map(lambda a: _hull_stack(*a), tuple(args)), (True, True)
+
+
 class _Kinetic(NamedTuple):
   """State of the kinetic loop over M candidate breakpoints (index M is a dummy)."""
 
@@ -138,7 +177,7 @@ class _Kinetic(NamedTuple):
   level: jax.Array
 
 
-def _kinetic(nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k):
+def _kinetic(nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k, max_k):
   """Kinetic levels of the candidate breakpoints `nodes_M` (sorted by index).
 
   Each real candidate j lies strictly inside its block (a_j, b_j). The loop removes the
@@ -168,7 +207,7 @@ def _kinetic(nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k):
   def event(i, j, r, c):
     p_ij, p_jl = P_N1[j] - P_N1[i], P_N1[r] - P_N1[j]
     q_ij, q_jl = Q_N1[j] - Q_N1[i], Q_N1[r] - Q_N1[j]
-    gap = (p_ij + p_jl) * p_ij * p_jl * _h3(u_N1[i], u_N1[j], u_N1[r], k)
+    gap = (p_ij + p_jl) * p_ij * p_jl * _h3(u_N1[i], u_N1[j], u_N1[r], k, max_k)
     lift = c * (q_ij * p_jl - q_jl * p_ij)
     return jnp.where(gap > 0, lift / jnp.where(gap > 0, gap, 1.0), 0.0)
 
@@ -222,19 +261,18 @@ def _kinetic(nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k):
   return node, level, left.reshape(-1), right.reshape(-1), life.reshape(-1), final_b
 
 
-def _plan_single(p_V, q_V, k, num_cuts: int) -> OptimalPlan:
-  """`optimal_plan` for one position (1-D p_V, q_V; scalar k)."""
+def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
+  """`optimal_plan` for one position (1-D p_V, q_V; scalar k); vmap batches it."""
   vocab = p_V.shape[0]
   dtype = p_V.dtype
-  k_f = jnp.asarray(k, dtype)
-  k_i = jnp.asarray(k, jnp.int32)
+  k = jnp.asarray(k, jnp.int32)
   order_V = _slot_order(p_V, q_V)
   ps_V, qs_V = p_V[order_V], q_V[order_V]
-  zero = jnp.zeros((1,), dtype)
-  P_N1 = jnp.concatenate([zero, jnp.cumsum(ps_V)])
-  u_N1 = jnp.concatenate([jnp.cumsum(ps_V[::-1])[::-1], zero])
-  Q_N1 = jnp.concatenate([zero, jnp.cumsum(qs_V)])
-  h_N1 = P_N1 * _h2(jnp.ones_like(u_N1), u_N1, P_N1, k_f)
+  zero = jnp.zeros((1, 3), dtype)
+  sums = _cumsum(jnp.stack([ps_V, qs_V, ps_V[::-1]], axis=1))
+  sums = jnp.concatenate([zero, sums])
+  P_N1, Q_N1, u_N1 = sums[:, 0], sums[:, 1], sums[::-1, 2]
+  h_N1 = P_N1 * _h2(jnp.ones_like(u_N1), u_N1, k, max_k)
   m = jnp.sum((p_V > 0) & (q_V > 0)).astype(jnp.int32)
 
   # Blocks: the lower hull's vertices, then every breakpoint from m on.
@@ -242,7 +280,7 @@ def _plan_single(p_V, q_V, k, num_cuts: int) -> OptimalPlan:
   j_N1 = jnp.arange(vocab + 1, dtype=jnp.int32)
   on_hull = jnp.zeros((vocab + 2,), bool).at[jnp.where(j_N1 < size, stack_N1, vocab + 1)].set(True)
   vertex_N1 = on_hull[: vocab + 1] | (j_N1 >= m)
-  count_N1 = jnp.cumsum(vertex_N1.astype(jnp.int32))
+  count_N1 = _cumsum(vertex_N1.astype(dtype)[:, None])[:, 0].astype(jnp.int32)
   # Slot t = 1..V lies in block (a_t, b_t]: a_t the last vertex before t, b_t the first from t.
   block_V = count_N1[:-1] - 1
   vertices_N1 = (
@@ -262,7 +300,7 @@ def _plan_single(p_V, q_V, k, num_cuts: int) -> OptimalPlan:
   a_M = jnp.where(is_node_M, a_V[jnp.maximum(nodes_M - 1, 0)], 0)
   b_M = jnp.where(is_node_M, b_V[jnp.maximum(nodes_M - 1, 0)], 0)
   node, level, left, right, life, final_b = _kinetic(
-    nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k_i
+    nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k, max_k
   )
   levels_N1 = vertex_N1.astype(dtype)
   levels_N1 = levels_N1.at[
@@ -273,11 +311,10 @@ def _plan_single(p_V, q_V, k, num_cuts: int) -> OptimalPlan:
   final_start = (
     jnp.zeros((vocab + 2,), dtype).at[jnp.where(final_b >= 0, final_b, vocab + 1)].set(level)
   )
-  gap_V = jnp.where(b_V - a_V == 1, ps_V, P_N1[b_V] - P_N1[a_V])
-  rate_V = (1.0 - final_start[b_V]) * _h2(u_N1[a_V], u_N1[b_V], gap_V, k_f)
-  weight_2M = life * _h2(u_N1[left], u_N1[right], P_N1[right] - P_N1[left], k_f)
+  rate_V = (1.0 - final_start[b_V]) * _h2(u_N1[a_V], u_N1[b_V], k, max_k)
+  weight_2M = life * _h2(u_N1[left], u_N1[right], k, max_k)
   diff = jnp.zeros((vocab + 2,), dtype).at[left].add(weight_2M).at[right].add(-weight_2M)
-  rate_V = rate_V + jnp.cumsum(diff)[:vocab]
+  rate_V = rate_V + _cumsum(diff[:vocab, None])[:, 0]
   r_slot_V = ps_V * rate_V
   r_V = jnp.zeros((vocab,), dtype).at[order_V].set(r_slot_V)
   accept = jnp.sum(jnp.minimum(r_V, q_V))
@@ -291,48 +328,40 @@ def _plan_single(p_V, q_V, k, num_cuts: int) -> OptimalPlan:
   return OptimalPlan(order_V, levels_N1, r_V, accept, bound, shortfall)
 
 
-@functools.cache
-def _plan_fn(num_cuts: int):
-  """`_plan_single` for a static num_cuts, batched by `lax.map` under `vmap`."""
-
-  @jax.custom_batching.custom_vmap
-  def plan(p_V, q_V, k):
-    return _plan_single(p_V, q_V, k, num_cuts)
-
-  @plan.def_vmap
-  def _plan_vmap(axis_size, in_batched, p_V, q_V, k):
-    args = [
-      x if batched else jnp.broadcast_to(x, (axis_size, *jnp.shape(x)))
-      for x, batched in zip((p_V, q_V, k), in_batched, strict=True)
-    ]
-    out = lax.map(lambda a: plan(*a), tuple(args))
-    return out, OptimalPlan(*([True] * len(OptimalPlan._fields)))
-
-  return plan
+@functools.partial(jax.jit, static_argnames=("num_cuts", "max_k"))
+def _optimal_plan(p_V, q_V, k, *, num_cuts, max_k):
+  return _plan_single(p_V, q_V, k, num_cuts, max_k)
 
 
-@functools.partial(jax.jit, static_argnames="num_cuts")
-def _optimal_plan(p_V, q_V, k, *, num_cuts):
-  return _plan_fn(num_cuts)(p_V, q_V, jnp.asarray(k, jnp.int32))
+def _static_max_k(k, max_k: int | None) -> int:
+  if max_k is not None:
+    return int(max_k)
+  if not checks.is_concrete(k):
+    raise ValueError("k is traced: pass a static upper bound max_k")
+  return max(int(np.max(np.asarray(k))), 0)
 
 
-def optimal_plan(p_V, q_V, k, *, num_cuts: int = DEFAULT_NUM_CUTS) -> OptimalPlan:
+def optimal_plan(
+  p_V, q_V, k, *, num_cuts: int = DEFAULT_NUM_CUTS, max_k: int | None = None
+) -> OptimalPlan:
   """The optimal verifier's construction at one position (see `OptimalPlan`).
 
   Args:
     p_V, q_V: draft and target distributions (float32, or float64 with x64 enabled).
-    k: number of drafts (int, may be traced; 0 gives r = 0).
+    k: number of drafts (int in [0, max_k], may be traced; 0 gives r = 0).
     num_cuts: how many interior breakpoints may get kinetic levels (static); V or more
       gives the full construction of OPTIMAL.md.
+    max_k: static upper bound on k (defaults to k itself when k is concrete).
 
   Returns:
     An `OptimalPlan`.
   """
   checks.distributions(p_V=p_V, q_V=q_V)
-  return _optimal_plan(p_V, q_V, k, num_cuts=num_cuts)
+  max_k = _static_max_k(k, max_k)
+  return _optimal_plan(p_V, q_V, k, num_cuts=num_cuts, max_k=max_k)
 
 
-def selection_law(p_V, q_V, k, *, num_cuts: int = DEFAULT_NUM_CUTS):
+def selection_law(p_V, q_V, k, *, num_cuts: int = DEFAULT_NUM_CUTS, max_k: int | None = None):
   """The exact law r of the draft Z that `optimal` selects, and sum min(r, q).
 
   Args: as `optimal_plan`.
@@ -341,7 +370,7 @@ def selection_law(p_V, q_V, k, *, num_cuts: int = DEFAULT_NUM_CUTS):
     (r_V, accept_prob): r sums to 1 (k >= 1); accept_prob is the hit probability of
     `optimal`, equal to alpha*(p, q, k) when the plan meets the bound.
   """
-  plan = optimal_plan(p_V, q_V, k, num_cuts=num_cuts)
+  plan = optimal_plan(p_V, q_V, k, num_cuts=num_cuts, max_k=max_k)
   return plan.r_V, plan.accept
 
 
@@ -367,7 +396,7 @@ def _select(key, drafts_K, valid_K, order_V, levels_V1):
 def _optimal(key, drafts_K, p_V, q_V, valid_K, *, num_cuts):
   select_key, accept_key, residual_key = jax.random.split(key, 3)
   k = jnp.sum(valid_K).astype(jnp.int32)
-  plan = _plan_fn(num_cuts)(p_V, q_V, k)
+  plan = _plan_single(p_V, q_V, k, num_cuts, drafts_K.shape[0])
   z = drafts_K[_select(select_key, drafts_K, valid_K, plan.order_V, plan.levels_V1)]
   u_accept = jax.random.uniform(accept_key, dtype=p_V.dtype)
   accepted = (k > 0) & (u_accept * plan.r_V[z] < q_V[z])
