@@ -49,7 +49,11 @@ class OptimalPlan(NamedTuple):
   """The verifier's construction at one position (shapes for vocabulary size V).
 
   order_V: tokens in slot order (int32; tokens with p = 0 last).
-  levels_V1: level of breakpoints 0..V (1 at block ends).
+  slot_V: the slot (1..V) of each token, the inverse of order_V.
+  block_end_V: for slot t (at index t - 1), the block end b >= t of its block.
+  cut_M, cut_level_M: the candidate breakpoints (M = min(num_cuts, V + 1); V + 1 where
+    there is none) and their levels, all below 1 being there.
+  levels_V1: level of breakpoints 0..V (1 at block ends), the same levels in full.
   r_V: law of the selected draft Z (sums to 1 for k >= 1, zero for k = 0).
   accept: sum min(r, q), the verifier's hit probability.
   bound: alpha*(p, q, k) from the same prefix sums.
@@ -59,6 +63,10 @@ class OptimalPlan(NamedTuple):
   """
 
   order_V: jax.Array
+  slot_V: jax.Array
+  block_end_V: jax.Array
+  cut_M: jax.Array
+  cut_level_M: jax.Array
   levels_V1: jax.Array
   r_V: jax.Array
   accept: jax.Array
@@ -291,21 +299,20 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   a_V, b_V = vertices_N1[block_V], vertices_N1[block_V + 1]
 
   # Kinetic levels of the num_cuts heaviest interior breakpoints.
-  num = min(num_cuts, vocab + 1)
+  num = min(max(num_cuts, 1), vocab + 1)
   weight_N1 = jnp.concatenate([jnp.full((1,), -jnp.inf, dtype), ps_V + qs_V])
   weight_N1 = jnp.where(vertex_N1, -jnp.inf, weight_N1)
   top_w, top_j = lax.top_k(weight_N1, num)
   order_M = jnp.argsort(top_j)
-  nodes_M, is_node_M = top_j[order_M].astype(jnp.int32), top_w[order_M] > -jnp.inf
+  nodes_M = top_j[order_M].astype(jnp.int32)
+  is_node_M = (top_w[order_M] > -jnp.inf) & (num_cuts > 0)
   a_M = jnp.where(is_node_M, a_V[jnp.maximum(nodes_M - 1, 0)], 0)
   b_M = jnp.where(is_node_M, b_V[jnp.maximum(nodes_M - 1, 0)], 0)
   node, level, left, right, life, final_b = _kinetic(
     nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k, max_k
   )
-  levels_N1 = vertex_N1.astype(dtype)
-  levels_N1 = levels_N1.at[
-    jnp.where(node < num, nodes_M[jnp.minimum(node, num - 1)], vocab + 1)
-  ].set(level, mode="drop")
+  cut_M = jnp.where(node < num, nodes_M[jnp.minimum(node, num - 1)], vocab + 1)
+  levels_N1 = vertex_N1.astype(dtype).at[cut_M].set(level, mode="drop")
 
   # Selection rates: each block's final group, plus the groups closed in the loop.
   final_start = (
@@ -325,7 +332,8 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   slope_V = jnp.where(dq_V > 0, (h_N1[b_V] - h_N1[a_V]) / jnp.where(dq_V > 0, dq_V, 1.0), jnp.inf)
   excess_V = jnp.where(slope_V <= 1.0, r_slot_V - qs_V, qs_V - r_slot_V)
   shortfall = jnp.sum(jnp.where(ps_V > 0, jnp.maximum(excess_V, 0.0), 0.0))
-  return OptimalPlan(order_V, levels_N1, r_V, accept, bound, shortfall)
+  slot_V = jnp.zeros((vocab,), jnp.int32).at[order_V].set(j_N1[1:])
+  return OptimalPlan(order_V, slot_V, b_V, cut_M, level, levels_N1, r_V, accept, bound, shortfall)
 
 
 @functools.partial(jax.jit, static_argnames=("num_cuts", "max_k"))
@@ -374,17 +382,20 @@ def selection_law(p_V, q_V, k, *, num_cuts: int = DEFAULT_NUM_CUTS, max_k: int |
   return plan.r_V, plan.accept
 
 
-def _select(key, drafts_K, valid_K, order_V, levels_V1):
-  """Index into drafts_K of the draft Z that the rule selects (any valid draft if k > 0)."""
-  vocab = order_V.shape[0]
+def _select(key, drafts_K, valid_K, plan: OptimalPlan):
+  """Index into drafts_K of the draft Z that the rule selects, in O(K + M).
+
+  The earliest group holding a draft starts at or before the first draft's slot and ends
+  at the first active breakpoint from there: its block end, or an earlier candidate whose
+  level is at least U.
+  """
+  vocab = plan.slot_V.shape[0]
   level_key, pick_key = jax.random.split(key)
-  slot_V = jnp.zeros((vocab,), jnp.int32).at[order_V].set(jnp.arange(1, vocab + 1, dtype=jnp.int32))
-  slot_K = jnp.where(valid_K, slot_V[drafts_K], vocab + 1)
+  slot_K = jnp.where(valid_K, plan.slot_V[drafts_K], vocab)
   first = jnp.min(slot_K)
-  u_level = 1.0 - jax.random.uniform(level_key, dtype=levels_V1.dtype)
-  j_V1 = jnp.arange(vocab + 1)
-  cut_V1 = ((levels_V1 >= u_level) | (j_V1 == vocab)) & (j_V1 >= first)
-  end = jnp.min(jnp.where(cut_V1, j_V1, vocab))
+  u_level = 1.0 - jax.random.uniform(level_key, dtype=plan.cut_level_M.dtype)
+  active_M = (plan.cut_M >= first) & (plan.cut_level_M >= u_level)
+  end = jnp.minimum(plan.block_end_V[first - 1], jnp.min(jnp.where(active_M, plan.cut_M, vocab)))
   in_group_K = valid_K & (slot_K <= end)
   count = jnp.sum(in_group_K)
   pick = jnp.floor(jax.random.uniform(pick_key) * count).astype(jnp.int32)
@@ -392,16 +403,21 @@ def _select(key, drafts_K, valid_K, order_V, levels_V1):
   return jnp.argmax(in_group_K & (rank_K == jnp.minimum(pick, count - 1)))
 
 
-@functools.partial(jax.jit, static_argnames="num_cuts")
-def _optimal(key, drafts_K, p_V, q_V, valid_K, *, num_cuts):
+def _apply_plan(key, drafts_K, valid_K, q_V, plan: OptimalPlan):
+  """The verifier's random part given its plan: (token, accepted)."""
   select_key, accept_key, residual_key = jax.random.split(key, 3)
-  k = jnp.sum(valid_K).astype(jnp.int32)
-  plan = _plan_single(p_V, q_V, k, num_cuts, drafts_K.shape[0])
-  z = drafts_K[_select(select_key, drafts_K, valid_K, plan.order_V, plan.levels_V1)]
-  u_accept = jax.random.uniform(accept_key, dtype=p_V.dtype)
-  accepted = (k > 0) & (u_accept * plan.r_V[z] < q_V[z])
+  z = drafts_K[_select(select_key, drafts_K, valid_K, plan)]
+  r_z = plan.r_V[z]
+  accepted = jnp.any(valid_K) & (jax.random.uniform(accept_key, dtype=r_z.dtype) * r_z < q_V[z])
   y = categorical(residual_key, acceptance.residual(q_V, jnp.minimum(plan.r_V, q_V)))
   return jnp.where(accepted, z, y).astype(jnp.int32), accepted
+
+
+@functools.partial(jax.jit, static_argnames="num_cuts")
+def _optimal(key, drafts_K, p_V, q_V, valid_K, *, num_cuts):
+  k = jnp.sum(valid_K).astype(jnp.int32)
+  plan = _plan_single(p_V, q_V, k, num_cuts, drafts_K.shape[0])
+  return _apply_plan(key, drafts_K, valid_K, q_V, plan)
 
 
 def optimal(key, drafts_K, p_V, q_V, *, valid_K=None, num_cuts: int = DEFAULT_NUM_CUTS):

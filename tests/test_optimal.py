@@ -1,0 +1,301 @@
+"""Exactness and optimality of the OT-optimal verifier (spectr_jax/optimal.py).
+
+- Exact enumeration of every draft tuple (V = 2..5, k = 1..4, random and edge-case pairs):
+  the law of the selected draft equals r, the output law equals q and the hit probability
+  equals alpha*, in float64, for the numpy reference and for the JAX implementation (x64);
+  the float32 selection law agrees with the float64 reference.
+- Any level array gives an exact verifier (random levels, restricted cuts), and broken
+  variants are caught.
+- Monte Carlo chi-square tests in float32 at V = 1000 and V = 32000 with k = 8, each with
+  a deliberately broken variant that must be rejected.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spectr_jax import acceptance, optimal
+from spectr_jax import optimal_reference as ref
+from tests import stats
+
+TOL64 = 1e-9
+MAX_K = 4
+
+
+def _pair(rng, v, conc):
+  return rng.dirichlet(np.full(v, conc)), rng.dirichlet(np.full(v, conc))
+
+
+def _edge_pairs():
+  """Edge cases: one-hot p or q, p = q, disjoint supports, zeros, ratio ties, tiny mass."""
+  return {
+    "spec-example": (np.array([0.6, 0.4]), np.array([0.3, 0.7])),
+    "one-hot-p": (np.array([0.0, 1.0, 0.0]), np.array([0.2, 0.5, 0.3])),
+    "one-hot-q": (np.array([0.2, 0.5, 0.3, 0.0]), np.array([0.0, 0.0, 1.0, 0.0])),
+    "one-hot-both": (np.array([1.0, 0.0]), np.array([0.0, 1.0])),
+    "p-equals-q": (np.array([0.1, 0.2, 0.3, 0.4]),) * 2,
+    "disjoint": (np.array([0.5, 0.5, 0.0, 0.0]), np.array([0.0, 0.0, 0.3, 0.7])),
+    "zeros": (np.array([0.3, 0.0, 0.7, 0.0, 0.0]), np.array([0.0, 0.4, 0.2, 0.4, 0.0])),
+    "ratio-ties": (np.array([0.2, 0.2, 0.3, 0.3]), np.array([0.1, 0.1, 0.4, 0.4])),
+    "all-ties-3": (np.array([0.25, 0.25, 0.5]), np.array([0.2, 0.2, 0.6])),
+    "tiny-mass": (
+      np.array([0.5, 0.5 - 2e-12, 1e-12, 1e-12, 0.0]),
+      np.array([1e-12, 0.3, 0.2, 0.5 - 1e-12, 0.0]),
+    ),
+  }
+
+
+def _cases():
+  """(name, p, q, k) over V = 2..5, k = 1..4: Dirichlet at four concentrations, edges."""
+  rng = np.random.default_rng(2024)
+  cases = []
+  for v, k, conc in itertools.product(range(2, 6), range(1, MAX_K + 1), (0.1, 0.5, 1.0, 3.0)):
+    p, q = _pair(rng, v, conc)
+    cases.append((f"dir-v{v}-k{k}-c{conc}", p, q, k))
+  for (name, (p, q)), k in itertools.product(_edge_pairs().items(), range(1, MAX_K + 1)):
+    cases.append((f"{name}-k{k}", p, q, k))
+  return cases
+
+
+CASES = _cases()
+
+
+def _enumerate(p, q, k, order_V, levels_V1, r_V):
+  """Exact law of Z, output law and hit probability of the rule with the given levels.
+
+  Sums over all k-tuples of drafts and over the intervals of U between distinct levels;
+  accepts Z with probability min(1, q/r) and otherwise samples norm(q - min(r, q)).
+  """
+  vocab = len(p)
+  slot_V = np.full(vocab, len(levels_V1), int)
+  slot_V[order_V] = np.arange(1, len(order_V) + 1)
+  edges = np.unique(np.clip(np.concatenate([[0.0, 1.0], levels_V1]), 0.0, 1.0))
+  accept_V = np.where(r_V > 0, np.minimum(1.0, q / np.where(r_V > 0, r_V, 1.0)), 0.0)
+  left_V = q - np.minimum(r_V, q)
+  residual_V = left_V / left_V.sum() if left_V.sum() > 1e-300 else q
+  law_z, law_y, hit = np.zeros(vocab), np.zeros(vocab), 0.0
+  for drafts in itertools.product(np.flatnonzero(p > 0), repeat=k):
+    drafts = np.array(drafts)
+    z_V = np.zeros(vocab)
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+      chosen = ref.selection_given_drafts(slot_V[drafts], levels_V1, hi)
+      np.add.at(z_V, drafts[chosen], (hi - lo) / len(chosen))
+    y_V = z_V * accept_V + np.sum(z_V * (1 - accept_V)) * residual_V
+    weight = np.prod(p[drafts])
+    law_z += weight * z_V
+    law_y += weight * y_V
+    hit += weight * y_V[np.unique(drafts)].sum()
+  return law_z, law_y, hit
+
+
+def _bound64(p, q, k):
+  with jax.enable_x64(True):
+    return float(acceptance.optimal_acceptance(jnp.asarray(p), jnp.asarray(q), k))
+
+
+@pytest.mark.parametrize("name, p, q, k", CASES, ids=[c[0] for c in CASES])
+def test_reference_enumeration(name, p, q, k):
+  plan = ref.reference_plan(p, q, k)
+  law_z, law_y, hit = _enumerate(p, q, k, plan.order_N, plan.levels, plan.r_V)
+  bound = _bound64(p, q, k)
+  np.testing.assert_allclose(law_z, plan.r_V, atol=TOL64, err_msg=f"{name}: law of Z")
+  np.testing.assert_allclose(law_y, q, atol=TOL64, err_msg=f"{name}: output law")
+  assert abs(hit - bound) < TOL64, f"{name}: hit {hit} vs alpha* {bound}"
+  assert abs(plan.accept - bound) < TOL64 and abs(plan.bound - bound) < TOL64
+
+
+def _jax_plan(p, q, k, num_cuts=8, dtype=jnp.float64):
+  plan = optimal.optimal_plan(
+    jnp.asarray(p, dtype), jnp.asarray(q, dtype), k, num_cuts=num_cuts, max_k=MAX_K
+  )
+  return jax.tree.map(np.asarray, plan)
+
+
+def test_jax_float64_enumeration():
+  """The JAX construction in float64: law of Z = r, output = q, hit = accept = alpha*."""
+  with jax.enable_x64(True):
+    for name, p, q, k in CASES:
+      plan = _jax_plan(p, q, k)
+      assert plan.r_V.dtype == np.float64
+      law_z, law_y, hit = _enumerate(p, q, k, plan.order_V, plan.levels_V1, plan.r_V)
+      bound = _bound64(p, q, k)
+      np.testing.assert_allclose(law_z, plan.r_V, atol=TOL64, err_msg=f"{name}: law of Z")
+      np.testing.assert_allclose(law_y, q, atol=TOL64, err_msg=f"{name}: output law")
+      assert abs(hit - bound) < TOL64, f"{name}: hit {hit} vs alpha* {bound}"
+      assert abs(plan.accept - bound) < TOL64 and abs(plan.bound - bound) < TOL64, name
+      assert plan.shortfall < TOL64, name
+
+
+def test_float32_selection_law_matches_reference():
+  for name, p, q, k in CASES:
+    p32, q32 = np.asarray(p, np.float32), np.asarray(q, np.float32)
+    plan = _jax_plan(p32, q32, k, dtype=jnp.float32)
+    expected = ref.reference_plan(p32.astype(np.float64), q32.astype(np.float64), k)
+    np.testing.assert_allclose(plan.r_V, expected.r_V, atol=1e-5, err_msg=name)
+    assert abs(plan.accept - expected.accept) < 1e-5, name
+
+
+def test_any_levels_give_the_exact_law():
+  """The rate sweep is the law of Z for arbitrary (random) levels: the verifier is exact."""
+  rng = np.random.default_rng(7)
+  for trial in range(40):
+    v, k = int(rng.integers(2, 6)), int(rng.integers(1, 5))
+    p, q = _pair(rng, v, 1.0)
+    order_N, _, u, _, _ = ref.slot_arrays(p, q, k)
+    levels = rng.uniform(size=v + 1) * (rng.uniform(size=v + 1) < 0.7)
+    r_V = np.zeros(v)
+    r_V[order_N] = p[order_N] * ref.rates_from_levels(levels, u, k)
+    law_z, law_y, hit = _enumerate(p, q, k, order_N, levels, r_V)
+    np.testing.assert_allclose(law_z, r_V, atol=1e-12, err_msg=f"trial {trial}")
+    np.testing.assert_allclose(law_y, q, atol=1e-12, err_msg=f"trial {trial}")
+    assert hit <= _bound64(p, q, k) + 1e-12
+
+
+def test_restricted_cuts_stay_exact_and_shortfall_is_the_gap():
+  """Few candidate cuts: still exact; accept = alpha* - shortfall; broken r is caught."""
+  rng = np.random.default_rng(11)
+  worst_gap = 0.0
+  with jax.enable_x64(True):
+    for _ in range(12):
+      p, q = _pair(rng, 5, 1.0)
+      k = 4
+      plan = _jax_plan(p, q, k, num_cuts=1)
+      law_z, law_y, _ = _enumerate(p, q, k, plan.order_V, plan.levels_V1, plan.r_V)
+      np.testing.assert_allclose(law_z, plan.r_V, atol=TOL64)
+      np.testing.assert_allclose(law_y, q, atol=TOL64)
+      gap = plan.bound - plan.accept
+      assert abs(gap - plan.shortfall) < TOL64 and gap > -TOL64
+      worst_gap = max(worst_gap, gap)
+      # Broken: select with the restricted levels but accept against the optimal r*.
+      full = _jax_plan(p, q, k)
+      _, broken_y, _ = _enumerate(p, q, k, plan.order_V, plan.levels_V1, full.r_V)
+      if np.abs(full.r_V - plan.r_V).max() > 1e-3:
+        assert np.abs(broken_y - q).max() > 1e-4
+  assert worst_gap > 1e-4, "one cut should fall short of alpha* somewhere"
+
+
+def test_selection_law_api_vmap_and_traced_k():
+  rng = np.random.default_rng(5)
+  p_BxV = jnp.asarray(rng.dirichlet(np.ones(40), size=3), jnp.float32)
+  q_BxV = jnp.asarray(rng.dirichlet(np.ones(40), size=3), jnp.float32)
+  k_B = jnp.array([1, 3, 6])
+  r_BxV, acc_B = jax.jit(jax.vmap(lambda p, q, k: optimal.selection_law(p, q, k, max_k=6)))(
+    p_BxV, q_BxV, k_B
+  )
+  for b in range(3):
+    r_V, acc = optimal.selection_law(p_BxV[b], q_BxV[b], int(k_B[b]), max_k=6)
+    np.testing.assert_allclose(r_BxV[b], r_V, atol=1e-6)
+    assert abs(float(acc_B[b]) - float(acc)) < 1e-6
+    assert abs(float(jnp.sum(r_V)) - 1.0) < 1e-5
+  r0, acc0 = optimal.selection_law(p_BxV[0], q_BxV[0], 0, max_k=6)
+  assert float(jnp.abs(r0).max()) == 0.0 and float(acc0) == 0.0
+  with pytest.raises(ValueError, match="max_k"):
+    jax.jit(lambda k: optimal.selection_law(p_BxV[0], q_BxV[0], k))(2)
+  with pytest.raises(ValueError, match="not normalised"):
+    optimal.selection_law(jnp.ones(4), q_BxV[0, :4], 2)
+
+
+def _draw(key, p_V, n, k):
+  """n x k i.i.d. drafts from p by inverse CDF."""
+  cdf_V = jnp.cumsum(p_V)
+  u_NxK = jax.random.uniform(key, (n, k)) * cdf_V[-1]
+  last = p_V.shape[0] - 1 - jnp.argmax(p_V[::-1] > 0)
+  return jnp.minimum(jnp.searchsorted(cdf_V, u_NxK, side="right"), last).astype(jnp.int32)
+
+
+_apply_N = jax.jit(jax.vmap(optimal._apply_plan, in_axes=(0, 0, None, None, None)))
+_optimal_N = jax.jit(
+  jax.vmap(
+    lambda key, drafts_K, p_V, q_V, valid_K: optimal.optimal(
+      key, drafts_K, p_V, q_V, valid_K=valid_K
+    ),
+    in_axes=(0, 0, None, None, None),
+  )
+)
+
+
+def _run(plan, q_V, drafts_NxK, key, valid_K=None):
+  """(tokens, accepted, hit) of the verifier's random part on n draft tuples."""
+  n, k = drafts_NxK.shape
+  valid_K = jnp.ones((k,), bool) if valid_K is None else valid_K
+  tokens_N, accepted_N = _apply_N(jax.random.split(key, n), drafts_NxK, valid_K, q_V, plan)
+  hit_N = jnp.any((drafts_NxK == tokens_N[:, None]) & valid_K, axis=1)
+  return np.asarray(tokens_N), np.asarray(accepted_N), np.asarray(hit_N)
+
+
+def _binned(tokens, q_V, num_bins):
+  bin_of_V, bin_probs = stats.equal_mass_bins(np.asarray(q_V, np.float64), num_bins)
+  return np.bincount(bin_of_V[tokens], minlength=num_bins), bin_probs
+
+
+def _check_monte_carlo(p_V, q_V, k, num_cuts, n, num_bins, what, seed):
+  draft_key, verify_key, fallback_key = jax.random.split(jax.random.key(seed), 3)
+  drafts_NxK = _draw(draft_key, p_V, n, k)
+  plan = optimal.optimal_plan(p_V, q_V, k, num_cuts=num_cuts)
+  tokens, accepted, hit = _run(plan, q_V, drafts_NxK, verify_key)
+  stats.assert_law(*_binned(tokens, q_V, num_bins), what)
+  stats.assert_mean(accepted, float(plan.accept), f"{what}: acceptance")
+  # Broken: select with no interior cuts, but accept against the full construction's r.
+  blunt = optimal.optimal_plan(p_V, q_V, k, num_cuts=0)
+  broken = blunt._replace(r_V=plan.r_V)
+  tokens_b, _, _ = _run(broken, q_V, drafts_NxK, verify_key)
+  stats.assert_rejects(*_binned(tokens_b, q_V, num_bins), f"{what}: r from the wrong levels")
+  # Broken: on rejection sample q itself instead of the residual.
+  fallback = np.asarray(_draw(fallback_key, q_V, n, 1)[:, 0])
+  tokens_q = np.where(accepted, tokens, fallback)
+  stats.assert_rejects(*_binned(tokens_q, q_V, num_bins), f"{what}: residual = q")
+  return plan, accepted, hit
+
+
+def test_monte_carlo_v1000_k8():
+  rng = np.random.default_rng(1000)
+  p, q = _pair(rng, 1000, 1.0)
+  p_V, q_V = jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
+  plan, _, hit = _check_monte_carlo(p_V, q_V, 8, 1001, 200_000, 100, "V=1000 k=8", seed=10)
+  bound = float(acceptance.optimal_acceptance(p_V, q_V, 8))
+  assert abs(float(plan.accept) - bound) < 1e-5
+  stats.assert_mean(hit, bound, "V=1000 k=8: hit = alpha*")
+
+
+@pytest.mark.slow
+def test_monte_carlo_v32000_k8():
+  rng = np.random.default_rng(32000)
+  z = rng.standard_normal(32000)
+  logits_p, logits_q = 3 * z, 3 * (0.8 * z + 0.6 * rng.standard_normal(32000))
+  p_V, q_V = jax.nn.softmax(jnp.asarray(logits_p)), jax.nn.softmax(jnp.asarray(logits_q))
+  plan, _, _ = _check_monte_carlo(
+    p_V, q_V, 8, optimal.DEFAULT_NUM_CUTS, 200_000, 200, "V=32k k=8", seed=11
+  )
+  bound = float(acceptance.optimal_acceptance(p_V, q_V, 8))
+  assert float(plan.accept) > 0.998 * bound
+
+
+def test_public_verifier_masks_and_matches_its_plan():
+  """`optimal` = plan + random part; masked drafts are ignored; k = 0 samples q."""
+  rng = np.random.default_rng(3)
+  p, q = _pair(rng, 10, 0.7)
+  p_V, q_V = jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
+  n = 50_000
+  drafts_NxK = _draw(jax.random.key(0), p_V, n, 4)
+  keys_N = jax.random.split(jax.random.key(1), n)
+  for mask in ([True, False, True, True], [False] * 4):
+    valid_K = jnp.array(mask)
+    tokens, accepted = _optimal_N(keys_N, drafts_NxK, p_V, q_V, valid_K)
+    assert tokens.dtype == jnp.int32 and accepted.dtype == jnp.bool_
+    plan = optimal.optimal_plan(p_V, q_V, sum(mask), max_k=4)
+    expected = _apply_N(keys_N, drafts_NxK, valid_K, q_V, plan)
+    np.testing.assert_array_equal(tokens, expected[0])
+    np.testing.assert_array_equal(accepted, expected[1])
+    tokens, accepted = np.asarray(tokens), np.asarray(accepted)
+    stats.assert_law(np.bincount(tokens, minlength=10), q / q.sum(), f"mask {mask}")
+    if any(mask):
+      stats.assert_mean(accepted, float(plan.accept), f"mask {mask}: acceptance")
+      masked_out = np.asarray(drafts_NxK[:, 1])
+      others = np.asarray(drafts_NxK[:, [0, 2, 3]])
+      only_masked = accepted & (tokens == masked_out) & ~(others == tokens[:, None]).any(1)
+      assert not only_masked.any(), "accepted a masked draft"
+    else:
+      assert not accepted.any()
