@@ -96,24 +96,75 @@ def _h3(x, y, z, k, max_k: int):
   return h3
 
 
+_COUNTING_SORT_MIN_V = 8192
+_COUNTING_SORT_BITS = 16
+
+
 def _slot_order(p_V, q_V):
   """Tokens by q/p descending, then q = 0, then p = 0; ties by index.
 
-  One single-operand int32 sort of packed keys (ratio code, token index): the ratio keeps
-  the top 31 - ceil(log2 V) bits of its float32 pattern (16 at V = 32k: 8 bits of
-  mantissa). Tokens whose ratios share a code keep index order; this costs acceptance of
-  order 1e-8 at most (docs/OPTIMAL_VERIFIER.md) and never exactness.
+  The ratio is reduced to a code of the top bits of its float32 pattern: 31 - ceil(log2 V)
+  bits packed with the token index into one int32 sort key for V <= 8192, and 16 bits (8
+  of mantissa) for a counting sort above. Tokens whose ratios share a code keep index
+  order: acceptance moves by 1e-8 at most (docs/OPTIMAL_VERIFIER.md), exactness never.
   """
   vocab = p_V.shape[0]
   index_bits = max(1, (vocab - 1).bit_length())
-  code_bits = 31 - index_bits
+  code_bits = _COUNTING_SORT_BITS if vocab > _COUNTING_SORT_MIN_V else 31 - index_bits
   top = (1 << code_bits) - 3
   ratio_V = (q_V / jnp.where(p_V > 0, p_V, 1.0)).astype(jnp.float32)
-  bits_V = lax.bitcast_convert_type(ratio_V, jnp.int32) >> index_bits
-  code_V = jnp.where(p_V > 0, jnp.where(q_V > 0, top - jnp.minimum(bits_V, top), top + 1), top + 2)
+  bits_V = lax.bitcast_convert_type(ratio_V, jnp.int32) >> (31 - code_bits)
+  code_V = jnp.where(
+    p_V > 0, jnp.where(q_V > 0, top - jnp.minimum(bits_V, top), top + 1), top + 2
+  ).astype(jnp.int32)
+  if vocab > _COUNTING_SORT_MIN_V:
+    return _counting_order(code_V)
   index_V = jnp.arange(vocab, dtype=jnp.int32)
   key_V = lax.sort((code_V << index_bits) | index_V, is_stable=False)
   return key_V & ((1 << index_bits) - 1)
+
+
+def _map_batched(fn, axis_size, in_batched, *args):
+  """Runs `fn` over a batch one element after another (`lax.map`), broadcasting the
+  unbatched arguments: the batching rule of the sequential passes below, whose in-place
+  updates a batched loop would turn into scatters."""
+  args = [
+    x if batched else jnp.broadcast_to(x, (axis_size, *jnp.shape(x)))
+    for x, batched in zip(args, in_batched, strict=True)
+  ]
+  out = lax.map(lambda a: fn(*a), tuple(args))
+  return out, jax.tree.map(lambda _: True, out)
+
+
+def _at(x, i):
+  return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+
+
+@jax.custom_batching.custom_vmap
+def _counting_order(code_V):
+  """Stable counting sort of int codes in [0, 2^16): the order of the indices.
+
+  The placement pass reads each bucket's offset only through its own update and reads
+  the updated cell back, which lets XLA keep both buffers in place.
+  """
+  vocab = code_V.shape[0]
+  counts = jnp.zeros((1 << _COUNTING_SORT_BITS,), jnp.int32).at[code_V].add(1)
+  start = _cumsum(counts.astype(jnp.float32)[:, None])[:, 0].astype(jnp.int32) - counts
+
+  def place(i, carry):
+    offset, order = carry
+    code = _at(code_V, i)
+    offset = lax.dynamic_update_index_in_dim(offset, _at(offset, code) + 1, code, 0)
+    order = lax.dynamic_update_index_in_dim(order, i, _at(offset, code) - 1, 0)
+    return offset, order
+
+  _, order_V = lax.fori_loop(0, vocab, place, (start, jnp.zeros((vocab,), jnp.int32)))
+  return order_V
+
+
+@_counting_order.def_vmap
+def _counting_order_vmap(axis_size, in_batched, code_V):
+  return _map_batched(_counting_order, axis_size, in_batched, code_V)
 
 
 def _cumsum(x_NxC, block: int = 128):
@@ -141,9 +192,7 @@ def _hull_stack(Q_N1, h_N1, m):
   cell back to learn whether it pushed, which lets XLA update the stack in place.
   """
   n1 = Q_N1.shape[0]
-
-  def at(x, i):
-    return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+  at = _at
 
   def body(carry):
     j, size, stack = carry
@@ -163,13 +212,7 @@ def _hull_stack(Q_N1, h_N1, m):
 
 @_hull_stack.def_vmap
 def _hull_stack_vmap(axis_size, in_batched, Q_N1, h_N1, m):
-  """Batches of hulls run one after another: the pass is sequential by nature, and a
-  batched pass would turn its in-place stack updates into scatters."""
-  args = [
-    x if batched else jnp.broadcast_to(x, (axis_size, *jnp.shape(x)))
-    for x, batched in zip((Q_N1, h_N1, m), in_batched, strict=True)
-  ]
-  return lax.map(lambda a: _hull_stack(*a), tuple(args)), (True, True)
+  return _map_batched(_hull_stack, axis_size, in_batched, Q_N1, h_N1, m)
 
 
 class _Kinetic(NamedTuple):

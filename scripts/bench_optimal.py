@@ -1,0 +1,160 @@
+"""Speed and acceptance of the OT-optimal verifier (spectr_jax/optimal.py).
+
+Speed: for each vocabulary size V and number of drafts K, the median wall time (jitted,
+after a warm-up call) of one round of L positions of `optimal.optimal` (vmapped over the
+positions, K drafts each) beside K-SEQ (rho*) for the same round and the target's output
+layer for that round (a K(L+1) x 1024 by 1024 x V matmul). The three are timed
+interleaved, so a busy machine slows them alike and the ratios stay meaningful.
+
+Acceptance: sum min(r, q) of the verifier (with num_cuts = M) as a fraction of alpha*,
+beside K-SEQ's, on LLM-like pairs (p, q = softmax of correlated Gaussian logits) and
+Dirichlet pairs.
+
+Usage: python scripts/bench_optimal.py [--vocab_sizes 1000,32000] [--num_drafts 2,4,8]
+  [--num_cuts 64] [--repeats 20] [--pairs 4]
+"""
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spectr_jax import acceptance, optimal, verify
+
+WIDTH = 1024
+
+
+def llm_like_pair(seed: int, vocab: int, scale: float = 3.0):
+  """p, q = softmax of correlated Gaussian logits (correlation 0.8) at the given scale."""
+  rng = np.random.default_rng(seed)
+  z = rng.standard_normal(vocab)
+  logits_q = 0.8 * z + 0.6 * rng.standard_normal(vocab)
+  p_V = jax.nn.softmax(jnp.asarray(scale * z, jnp.float32))
+  q_V = jax.nn.softmax(jnp.asarray(scale * logits_q, jnp.float32))
+  return p_V, q_V
+
+
+def dirichlet_pair(seed: int, vocab: int, conc: float = 1.0):
+  rng = np.random.default_rng(seed)
+  p, q = rng.dirichlet(np.full(vocab, conc)), rng.dirichlet(np.full(vocab, conc))
+  return jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
+
+
+def _round_inputs(vocab: int, num_drafts: int, draft_len: int):
+  pairs = [llm_like_pair(seed, vocab) for seed in range(draft_len)]
+  p_LxV = jnp.stack([p for p, _ in pairs])
+  q_LxV = jnp.stack([q for _, q in pairs])
+  keys = jax.random.split(jax.random.key(0), draft_len)
+  drafts_LxK = jax.vmap(
+    lambda key, p: jax.random.categorical(key, jnp.log(p), shape=(num_drafts,))
+  )(keys, p_LxV).astype(jnp.int32)
+  return keys, drafts_LxK, p_LxV, q_LxV
+
+
+def round_fns(vocab: int, num_drafts: int, draft_len: int, num_cuts: int):
+  """Jitted (fn, args) for one round of the optimal verifier, of K-SEQ, and the matmul."""
+  keys, drafts_LxK, p_LxV, q_LxV = _round_inputs(vocab, num_drafts, draft_len)
+  opt = jax.jit(jax.vmap(lambda key, d, p, q: optimal.optimal(key, d, p, q, num_cuts=num_cuts)))
+  kseq = jax.jit(jax.vmap(lambda key, d, p, q: verify.kseq(key, d, p, q)))
+  key = jax.random.key(1)
+  x = jax.random.normal(key, (num_drafts * (draft_len + 1), WIDTH))
+  w = jax.random.normal(key, (WIDTH, vocab)) / WIDTH**0.5
+  args = (keys, drafts_LxK, p_LxV, q_LxV)
+  return {"optimal": (opt, args), "kseq": (kseq, args), "matmul": (jax.jit(jnp.dot), (x, w))}
+
+
+def median_ms_interleaved(fns: dict, repeats: int) -> dict:
+  """Median wall time in ms of each `fn(*args)`, timed in turn, after one warm-up call."""
+  for fn, args in fns.values():
+    jax.block_until_ready(fn(*args))
+  times: dict = {name: [] for name in fns}
+  for _ in range(repeats):
+    for name, (fn, args) in fns.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[name].append(time.perf_counter() - start)
+  return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+
+
+def time_optimal_round(
+  vocab: int, num_drafts: int, draft_len: int = 8, num_cuts: int = 64, repeats: int = 20
+) -> dict:
+  """Median ms of one round (L positions) of `optimal`, of K-SEQ and of the matmul."""
+  row = {"V": vocab, "K": num_drafts, "L": draft_len, "M": num_cuts}
+  row.update(median_ms_interleaved(round_fns(vocab, num_drafts, draft_len, num_cuts), repeats))
+  row["share"] = row["optimal"] / row["matmul"]
+  return row
+
+
+def acceptance_row(vocab: int, num_drafts: int, num_cuts: int, pairs: int, kind: str) -> dict:
+  """Mean and worst acceptance / alpha* of the verifier and of K-SEQ over `pairs` pairs."""
+  make = llm_like_pair if kind == "llm" else dirichlet_pair
+  opt, kseq = [], []
+  for seed in range(pairs):
+    p_V, q_V = make(100 + seed, vocab)
+    bound = float(acceptance.optimal_acceptance(p_V, q_V, num_drafts))
+    _, accept = optimal.selection_law(p_V, q_V, num_drafts, num_cuts=num_cuts)
+    opt.append(float(accept) / bound)
+    kseq.append(float(acceptance.kseq_acceptance(p_V, q_V, num_drafts).hit) / bound)
+  return {
+    "V": vocab,
+    "K": num_drafts,
+    "M": num_cuts,
+    "pairs": kind,
+    "optimal/a* mean": float(np.mean(opt)),
+    "optimal/a* min": float(np.min(opt)),
+    "kseq/a* mean": float(np.mean(kseq)),
+  }
+
+
+def format_rows(rows: list[dict]) -> str:
+  if not rows:
+    return ""
+  cols = list(rows[0])
+
+  def cell(v):
+    return (
+      f"{v:.6f}"
+      if isinstance(v, float) and v < 2
+      else (f"{v:.3f}" if isinstance(v, float) else str(v))
+    )
+
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--vocab_sizes", default="1000,32000")
+  parser.add_argument("--num_drafts", default="2,4,8")
+  parser.add_argument("--num_cuts", default="64")
+  parser.add_argument("--draft_len", type=int, default=8)
+  parser.add_argument("--repeats", type=int, default=20)
+  parser.add_argument("--pairs", type=int, default=4)
+  args = parser.parse_args()
+  vocabs = [int(v) for v in args.vocab_sizes.split(",")]
+  drafts = [int(k) for k in args.num_drafts.split(",")]
+  cuts = [int(m) for m in args.num_cuts.split(",")]
+  speed = [
+    time_optimal_round(v, k, args.draft_len, m, args.repeats)
+    for v in vocabs
+    for k in drafts
+    for m in cuts
+  ]
+  print("Speed: ms per round of L positions (median)\n" + format_rows(speed) + "\n")
+  accept = [
+    acceptance_row(v, k, m, args.pairs, kind)
+    for kind in ("llm", "dirichlet")
+    for v in vocabs
+    for k in drafts
+    for m in cuts
+  ]
+  print("Acceptance as a fraction of alpha*\n" + format_rows(accept))
+
+
+if __name__ == "__main__":
+  main()
