@@ -162,7 +162,7 @@ def sampled_acceptance(
   num_tokens: int,
   key: jax.Array,
   temperature: float = 1.0,
-) -> tuple[float, np.ndarray]:
+) -> tuple[float, np.ndarray, int]:
   """Mean `sum_x min(p, q)` along continuations sampled from the target.
 
   Positions after a sampled EOS are left out (the sentence has ended there).
@@ -176,8 +176,8 @@ def sampled_acceptance(
     temperature: sampling and softmax temperature.
 
   Returns:
-    The mean acceptance, and the mean at each of the N positions [N] (NaN where no
-    row is still in its sentence).
+    The mean acceptance, the mean at each of the N positions [N] (NaN where no row is
+    still in its sentence), and the number of positions averaged.
   """
   temp = jnp.float32(temperature)
   tokens_BxW = sample_target(target, prompts.tokens_BxT, prompts.lengths_B, num_tokens, key, temp)
@@ -188,7 +188,8 @@ def sampled_acceptance(
   per_position_N = np.where(
     counts_N > 0, (overlap_BxN * mask_BxN).sum(axis=0) / np.maximum(counts_N, 1), np.nan
   )
-  return float((overlap_BxN * mask_BxN).sum() / max(mask_BxN.sum(), 1)), per_position_N
+  count = int(mask_BxN.sum())
+  return float((overlap_BxN * mask_BxN).sum() / max(count, 1)), per_position_N, count
 
 
 def iid_block_efficiency(acceptance: float, draft_len: int) -> float:
@@ -229,7 +230,7 @@ def evaluate_pair(
   draft_nll = train.heldout_loss(draft, rows, config.batch_size)
   target_nll = train.heldout_loss(target, rows, config.batch_size)
   teacher = teacher_forced_acceptance(draft, target, rows, config.batch_size, config.temperature)
-  sampled, per_position = sampled_acceptance(
+  sampled, per_position, sampled_positions = sampled_acceptance(
     draft, target, prompts, config.num_tokens, jax.random.key(config.seed), config.temperature
   )
   return {
@@ -242,6 +243,7 @@ def evaluate_pair(
     "teacher_forced_acceptance": teacher,
     "sampled_acceptance": sampled,
     "sampled_acceptance_by_position": [float(x) for x in per_position],
+    "sampled_positions": sampled_positions,
     "iid_block_efficiency_L4": iid_block_efficiency(sampled, 4),
     "config": dataclasses.asdict(config),
   }
