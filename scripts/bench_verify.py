@@ -12,26 +12,18 @@ Usage: python scripts/bench_verify.py [--vocab_sizes 1000,32000,256000] [--repea
 """
 
 import argparse
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
 from spectr_jax import verify
+from spectr_jax.metrics import median_seconds
 
 WIDTH = 1024
 
 
 def median_ms(fn, *args, repeats: int) -> float:
-  """Median wall time of `fn(*args)` in milliseconds, after one warm-up call."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return 1e3 * statistics.median(times)
+  return 1e3 * median_seconds(fn, *args, repeats=repeats)
 
 
 def _inputs(key, vocab, num_drafts, draft_len):

@@ -1,0 +1,185 @@
+"""Decoding benchmark: block efficiency, speed and where a round's time goes.
+
+For the embedded pair (its checkpoints in $SPECTR_WORKDIR/{draft,target}, trained by
+scripts/train_pair.sh) or, when they are missing, random-weight models of the same sizes,
+prints one row per (method, K, L), all measured in the same run:
+  - block efficiency (tokens per target call) and tokens/s of `engine.generate`;
+  - wall-clock speedup over autoregressive decoding measured here;
+  - one round's time split into draft (L steps), target (one call over K(L+1) positions)
+    and verification (the block walk), each timed alone, and the engine overhead: the
+    measured round time minus those three;
+  - the predicted accelerator speedup of the latency model in `metrics.predicted_speedup`
+    (target call flat in K(L+1), draft step cost = parameter ratio).
+
+Usage: python scripts/bench_decode.py [--batch 4] [--max_new_tokens 64]
+         [--configs autoregressive:1:0,sd:1:4,kseq:8:8,...]
+"""
+
+import argparse
+import functools
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spectr_jax import data, engine, train
+from spectr_jax.metrics import median_seconds, predicted_speedup
+from spectr_jax.models import ModelBundle, Transformer, count_params, get_model_config, init_params
+
+DEFAULT_CONFIGS = (
+  "autoregressive:1:0,sd:1:4,sd:1:8,kseq:2:4,kseq:4:4,kseq:8:4,specinfer:8:4,kseq:8:8"
+)
+
+
+def load_pair(workdir):
+  """The trained pair and held-out prompts, or random-weight models and random prompts."""
+  try:
+    draft = train.load_bundle(workdir / "draft")
+    target = train.load_bundle(workdir / "target")
+    return draft, target, train.dataset_for(workdir / "target").heldout, "embedded pair"
+  except (FileNotFoundError, ValueError) as error:
+    print(f"no trained pair ({error}); using random-weight models of the same sizes")
+  draft_config = get_model_config("draft-tiny", 4096)
+  target_config = get_model_config("target-small", 4096)
+  draft = ModelBundle(draft_config, init_params(draft_config, jax.random.key(1)))
+  target = ModelBundle(target_config, init_params(target_config, jax.random.key(2)))
+  return draft, target, None, "random weights"
+
+
+def _prompts(heldout, batch, prompt_len, vocab):
+  if heldout is not None:
+    prompts = data.make_prompts(heldout, batch, prompt_len, seed=0)
+    return jnp.asarray(prompts.tokens_BxT), jnp.asarray(prompts.lengths_B)
+  tokens = np.random.default_rng(0).integers(3, vocab, (batch, prompt_len))
+  return jnp.asarray(tokens, jnp.int32), jnp.full((batch,), prompt_len, jnp.int32)
+
+
+def _component_times(spec, draft, target, prompts, lengths, repeats):
+  """Seconds of one round's draft, target and verification steps, each timed alone."""
+  traced = engine._Traced(jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.int32(-1))
+  draft_params = draft.params if spec.draft_len else None
+  state = jax.jit(functools.partial(engine._init_state, spec))(
+    draft_params, target.params, prompts, lengths
+  )
+  keys = jax.random.split(jax.random.key(0), prompts.shape[0])
+  times = {"draft": 0.0}
+  b, k = prompts.shape[0], spec.num_drafts
+  drafts = jnp.zeros((b, k, 0), jnp.int32)
+  p = None
+  if spec.draft_len:
+    draft_fn = jax.jit(
+      lambda params, state, keys: engine._draft(
+        spec, params, state.draft_cache, state, keys, traced
+      )
+    )
+    times["draft"] = median_seconds(draft_fn, draft.params, state, keys, repeats=repeats)
+    drafts, p, _, _ = draft_fn(draft.params, state, keys)
+
+  def score(params, cache, tokens):
+    logits, _ = Transformer(spec.target_config).apply(
+      {"params": params}, tokens, cache, method=Transformer.extend
+    )
+    return engine._probs(spec, logits, traced)
+
+  tokens = jnp.concatenate([jnp.broadcast_to(state.last_B[:, None, None], (b, k, 1)), drafts], 2)
+  score_fn = jax.jit(score)
+  times["target"] = median_seconds(
+    score_fn, target.params, state.target_cache, tokens, repeats=repeats
+  )
+  q = score_fn(target.params, state.target_cache, tokens)
+  verify_fn = jax.jit(lambda keys, d, p, q: engine._verify(spec, keys, d, p, q, traced))
+  times["verify"] = median_seconds(verify_fn, keys, drafts, p, q, repeats=repeats)
+  prefill_fn = jax.jit(functools.partial(engine._init_state, spec))
+  times["prefill"] = median_seconds(
+    prefill_fn, draft_params, target.params, prompts, lengths, repeats=repeats
+  )
+  return times
+
+
+def bench(draft, target, prompts, lengths, configs, max_new_tokens, repeats):
+  cost_ratio = count_params(draft.params) / count_params(target.params)
+  rows = []
+  for method, num_drafts, draft_len in configs:
+    kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
+    kw.update(method=method, num_drafts=num_drafts, draft_len=draft_len)
+    kw.update(max_new_tokens=max_new_tokens)
+    run = functools.partial(engine.generate, **kw)
+    tokens_fn = lambda key, run=run: run(key).tokens_BxN
+    seconds = median_seconds(tokens_fn, jax.random.key(0), repeats=repeats)
+    out = run(jax.random.key(0))
+    spec = engine.DecodeSpec(
+      method, num_drafts, draft_len, max_new_tokens, None, False, "star",
+      draft.config if draft_len else None, target.config,
+    )  # fmt: skip
+    parts = _component_times(spec, draft, target, prompts, lengths, repeats)
+    loop_rounds = int(np.max(np.asarray(out.stats.rounds_B)))
+    round_s = (seconds - parts["prefill"]) / loop_rounds
+    efficiency = float(out.stats.block_efficiency)
+    rows.append(
+      dict(
+        method=method,
+        K=num_drafts,
+        L=draft_len,
+        efficiency=efficiency,
+        tokens_per_s=float(np.sum(np.asarray(out.lengths_B))) / seconds,
+        round_ms=1e3 * round_s,
+        draft_ms=1e3 * parts["draft"],
+        target_ms=1e3 * parts["target"],
+        verify_ms=1e3 * parts["verify"],
+        overhead_ms=1e3 * (round_s - parts["draft"] - parts["target"] - parts["verify"]),
+        predicted=predicted_speedup(efficiency, draft_len, cost_ratio),
+      )
+    )
+    print(format_table(rows[-1:], rows[0]).splitlines()[-1], flush=True)
+  return rows
+
+
+def format_table(rows, baseline):
+  cols = (
+    ("method", "method", "{}"),
+    ("K", "K", "{}"),
+    ("L", "L", "{}"),
+    ("efficiency", "block eff.", "{:.2f}"),
+    ("tokens_per_s", "tokens/s", "{:.1f}"),
+    ("speedup", "speedup (measured)", "{:.2f}x"),
+    ("round_ms", "round ms", "{:.1f}"),
+    ("draft_ms", "draft ms", "{:.1f}"),
+    ("target_ms", "target ms", "{:.1f}"),
+    ("verify_ms", "verify ms", "{:.1f}"),
+    ("overhead_ms", "overhead ms", "{:.1f}"),
+    ("predicted", "predicted accel. speedup", "{:.2f}x"),
+  )
+  lines = ["| " + " | ".join(title for _, title, _ in cols) + " |", "|" + "---|" * len(cols)]
+  for row in rows:
+    row = dict(row, speedup=row["tokens_per_s"] / baseline["tokens_per_s"])
+    lines.append("| " + " | ".join(fmt.format(row[key]) for key, _, fmt in cols) + " |")
+  return "\n".join(lines)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--batch", type=int, default=4)
+  parser.add_argument("--prompt_len", type=int, default=8)
+  parser.add_argument("--max_new_tokens", type=int, default=64)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="method:K:L,...")
+  parser.add_argument("--workdir", default=str(data.default_workdir()))
+  args = parser.parse_args()
+  draft, target, heldout, what = load_pair(pathlib.Path(args.workdir))
+  prompts, lengths = _prompts(heldout, args.batch, args.prompt_len, target.config.vocab_size)
+  configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
+  if configs[0][0] != "autoregressive":
+    configs.insert(0, ("autoregressive", 1, 0))
+  print(
+    f"{what}: draft {count_params(draft.params):,} params, target "
+    f"{count_params(target.params):,}; batch {args.batch}, {args.max_new_tokens} new tokens; "
+    f"backend {jax.default_backend()}"
+  )
+  rows = bench(draft, target, prompts, lengths, configs, args.max_new_tokens, args.repeats)
+  print()
+  print(format_table(rows, rows[0]))
+
+
+if __name__ == "__main__":
+  main()

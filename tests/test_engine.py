@@ -1,0 +1,288 @@
+"""The decoding engine: exactness against the enumerated target law, greedy, EOS, sharding."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spectr_jax import engine, sampling, sharding
+from spectr_jax.models import ModelBundle, commit, get_model_config, init_params
+from tests import stats
+
+V = 4
+PROMPT = (1, 2, 3)
+NUM_SAMPLES = 50_000
+
+
+def _bundle(name, seed, logit_scale, attention_scale=1.0):
+  """A random-weight model with scaled logits (via its final norm) and attention weights."""
+  config = get_model_config(name, V, max_len=24)
+  params = init_params(config, jax.random.key(seed))
+
+  def scale(path, x):
+    name = jax.tree_util.keystr(path)
+    if "final_norm" in name:
+      return x * logit_scale
+    return x * attention_scale if any(w in name for w in ("w_q", "w_k", "w_v", "w_o")) else x
+
+  return ModelBundle(config, jax.tree_util.tree_map_with_path(scale, params))
+
+
+@pytest.fixture(scope="module")
+def models():
+  # Random weights mostly repeat the last token; flipping the draft's logits makes the
+  # draft and target disagree, so a large share of tokens comes from the residual path.
+  # Sharper, stronger attention makes the target depend on its context, so that cache
+  # bugs (a missing rollback) change its law visibly.
+  return _bundle("draft-test", 1, -1.0), _bundle("target-test", 2, 0.5, attention_scale=3.0)
+
+
+def _exact_law(target, num_tokens, temperature=1.0, top_k=None):
+  """The transformed target's law over all V^n continuations of PROMPT, by enumeration."""
+  seqs = np.array(list(itertools.product(range(V), repeat=num_tokens)), np.int32)
+  prompt = np.broadcast_to(np.array(PROMPT, np.int32), (len(seqs), len(PROMPT)))
+  logits = target.model.apply({"params": target.params}, jnp.asarray(np.hstack([prompt, seqs])))
+  p0 = len(PROMPT) - 1
+  probs = np.asarray(
+    sampling.transform_probs(logits[:, p0 : p0 + num_tokens], temperature, top_k=top_k),
+    np.float64,
+  )
+  law = np.prod(np.take_along_axis(probs, seqs[:, :, None], axis=2)[:, :, 0], axis=1)
+  return law / law.sum()
+
+
+def _codes(tokens_BxN):
+  tokens = np.asarray(tokens_BxN)
+  return tokens @ (V ** np.arange(tokens.shape[1])[::-1])
+
+
+def _generate(draft, target, method, num_drafts, draft_len, n, key=0, batch=NUM_SAMPLES, **kw):
+  prompts = jnp.tile(jnp.asarray([PROMPT], jnp.int32), (batch, 1))
+  return engine.generate(
+    jax.random.key(key),
+    draft=draft,
+    target=target,
+    prompts=prompts,
+    prompt_lengths=jnp.full((batch,), len(PROMPT)),
+    method=method,
+    num_drafts=num_drafts,
+    draft_len=draft_len,
+    max_new_tokens=n,
+    **kw,
+  )
+
+
+def _residual_share(out, draft_len):
+  s = out.stats
+  residual = np.sum(np.asarray(s.reached_BxL1 - s.accepted_BxL1)[:, :draft_len])
+  return residual / np.sum(np.asarray(s.emitted_B))
+
+
+_slow = pytest.mark.slow
+CASES = [
+  ("autoregressive", 1, 0),
+  ("sd", 1, 1),
+  pytest.param("sd", 1, 2, marks=_slow),
+  ("kseq", 3, 1),
+  pytest.param("kseq", 3, 2, marks=_slow),
+  ("specinfer", 3, 1),
+  pytest.param("specinfer", 3, 2, marks=_slow),
+]
+
+
+@pytest.mark.parametrize("method, num_drafts, draft_len", CASES)
+def test_engine_output_law_is_target_law(models, method, num_drafts, draft_len):
+  draft, target = models
+  n = 4 if draft_len == 2 else 3
+  out = _generate(draft, target, method, num_drafts, draft_len, n)
+  assert np.all(np.asarray(out.lengths_B) == n)
+  law = _exact_law(target, n)
+  stats.assert_law(np.bincount(_codes(out.tokens_BxN), minlength=law.size), law, method)
+  if draft_len:
+    assert _residual_share(out, draft_len) >= 0.2
+    assert float(np.mean(np.asarray(out.stats.rounds_B))) > 1.5  # several rounds: rollback
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature, top_k", [(0.6, None), (1.5, 3), (1.0, 2)])
+def test_engine_exact_for_transformed_target(models, temperature, top_k):
+  draft, target = models
+  out = _generate(draft, target, "kseq", 3, 2, 4, temperature=temperature, top_k=top_k)
+  law = _exact_law(target, 4, temperature, top_k)
+  what = f"kseq T={temperature} top_k={top_k}"
+  stats.assert_law(np.bincount(_codes(out.tokens_BxN), minlength=law.size), law, what)
+
+
+@pytest.mark.slow
+def test_engine_fixed_rho_and_rho_k(models):
+  draft, target = models
+  law = _exact_law(target, 4)
+  for rho in ("k", 2.5):
+    out = _generate(draft, target, "kseq", 3, 2, 4, rho=rho, key=5)
+    codes = _codes(out.tokens_BxN)
+    stats.assert_law(np.bincount(codes, minlength=law.size), law, f"kseq rho={rho}")
+
+
+@pytest.mark.slow
+def test_engine_rejects_broken_rollback(models, monkeypatch):
+  """An engine that keeps the rejected draft tokens in its caches must be caught."""
+
+  def no_rollback(cache, tail_B, num_B):
+    return commit(cache, tail_B, jnp.where(num_B > 0, cache.R, 0))
+
+  draft, target = models
+  engine._compiled.cache_clear()
+  monkeypatch.setattr(engine, "commit", no_rollback)
+  try:
+    out = _generate(draft, target, "kseq", 3, 2, 4)
+  finally:
+    engine._compiled.cache_clear()
+  law = _exact_law(target, 4)
+  stats.assert_rejects(np.bincount(_codes(out.tokens_BxN), minlength=law.size), law, "no rollback")
+
+
+@pytest.mark.parametrize("method, num_drafts, draft_len", [("kseq", 3, 3), ("sd", 1, 2)])
+def test_greedy_equals_greedy_target_decoding(models, method, num_drafts, draft_len):
+  draft, target = models
+  prompts = jnp.asarray([[1, 2, 3, 0], [3, 3, 0, 0], [0, 1, 2, 3]], jnp.int32)
+  lengths = jnp.asarray([3, 2, 4])
+  kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
+  kw.update(max_new_tokens=9, temperature=0.0)
+  ar = engine.generate(jax.random.key(0), method="autoregressive", **kw)
+  spec = engine.generate(
+    jax.random.key(1), method=method, num_drafts=num_drafts, draft_len=draft_len, **kw
+  )
+  np.testing.assert_array_equal(np.asarray(ar.tokens_BxN), np.asarray(spec.tokens_BxN))
+  # The reference: greedy argmax of the full forward, token by token.
+  for row in range(3):
+    seq = list(np.asarray(prompts[row, : lengths[row]]))
+    for _ in range(9):
+      logits = target.model.apply({"params": target.params}, jnp.asarray([seq]))
+      seq.append(int(jnp.argmax(logits[0, -1])))
+    np.testing.assert_array_equal(np.asarray(ar.tokens_BxN[row]), seq[-9:])
+
+
+def test_identical_models_accept_every_full_round(models):
+  _, target = models
+  out = _generate(target, target, "sd", 1, 3, 12, batch=16)
+  s = out.stats
+  assert np.all(np.asarray(s.rounds_B) == 3)
+  assert np.all(np.asarray(s.tokens_per_round_BxL2)[:, 4] == 3)
+  assert float(s.block_efficiency) == pytest.approx(4.0)
+
+
+def test_eos_stops_rows(models):
+  draft, target = models
+  eos = 3  # The target's most likely token.
+  out = _generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos)
+  tokens, lengths = np.asarray(out.tokens_BxN), np.asarray(out.lengths_B)
+  assert np.any(lengths < 12)
+  for row, n in zip(tokens, lengths, strict=True):
+    assert np.all(row[n:] == 0)
+    assert np.sum(row[:n] == eos) == (1 if n < 12 else np.sum(row[:n] == eos))
+    if n < 12:
+      assert row[n - 1] == eos
+  np.testing.assert_array_equal(np.asarray(out.stats.emitted_B), lengths)
+
+
+def test_nonfinite_logits_are_counted_not_sampled(models):
+  draft, target = models
+  broken = ModelBundle(target.config, jax.tree.map(lambda x: x * jnp.nan, target.params))
+  out = _generate(draft, broken, "kseq", 2, 2, 6, batch=4)
+  assert np.all(np.asarray(out.stats.nonfinite_B) == 1)
+  assert np.all(np.asarray(out.lengths_B) == 0)
+
+
+def test_row_randomness_is_per_prompt(models):
+  """A prompt's output does not depend on the batch it is decoded in."""
+  draft, target = models
+  prompts = jnp.asarray([[1, 2, 3], [2, 2, 0], [3, 1, 0], [0, 0, 1]], jnp.int32)
+  lengths = jnp.asarray([3, 2, 2, 3])
+  kw = dict(draft=draft, target=target, method="kseq", num_drafts=2, draft_len=2)
+  kw.update(max_new_tokens=7)
+  full = engine.generate(jax.random.key(3), prompts=prompts, prompt_lengths=lengths, **kw)
+  part = engine.generate(
+    jax.random.key(3),
+    prompts=prompts[2:],
+    prompt_lengths=lengths[2:],
+    prompt_ids=jnp.asarray([2, 3]),
+    **kw,
+  )
+  np.testing.assert_array_equal(np.asarray(full.tokens_BxN[2:]), np.asarray(part.tokens_BxN))
+
+
+def test_sharded_equals_single_device(models):
+  draft, target = models
+  assert len(jax.devices()) == 8
+  mesh = sharding.data_mesh()
+  prompts = jnp.asarray(np.random.default_rng(0).integers(0, V, (12, 3)), jnp.int32)
+  lengths = jnp.asarray(np.random.default_rng(1).integers(1, 4, 12))
+  kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
+  kw.update(method="kseq", num_drafts=3, draft_len=2, max_new_tokens=8)
+  single = engine.generate(jax.random.key(9), **kw)
+  sharded = engine.generate(jax.random.key(9), mesh=mesh, **kw)
+  np.testing.assert_array_equal(np.asarray(single.tokens_BxN), np.asarray(sharded.tokens_BxN))
+  np.testing.assert_array_equal(
+    np.asarray(single.stats.rounds_B), np.asarray(sharded.stats.rounds_B)
+  )
+
+
+def test_second_call_does_not_recompile(models):
+  draft, target = models
+  prompts = jnp.asarray([[1, 2, 3], [2, 2, 0]], jnp.int32)
+  kw = dict(draft=draft, target=target, method="kseq", num_drafts=2, draft_len=2)
+  kw.update(max_new_tokens=5, top_p=0.9)
+  engine.generate(
+    jax.random.key(0), prompts=prompts, prompt_lengths=jnp.asarray([3, 2]), rho=1.5, **kw
+  )
+  compiled = engine._compiled(
+    engine.DecodeSpec("kseq", 2, 2, 5, None, True, "fixed", draft.config, target.config), None
+  )
+  before = compiled._cache_size()
+  engine.generate(
+    jax.random.key(1),
+    prompts=prompts[::-1],
+    prompt_lengths=jnp.asarray([2, 3]),
+    rho=2.0,
+    temperature=0.7,
+    **{**kw, "top_p": 0.5},
+  )
+  assert compiled._cache_size() == before == 1
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (dict(method="beam"), "unknown method"),
+    (dict(num_drafts=0), "num_drafts must be"),
+    (dict(draft_len=0), "draft_len must be"),
+    (dict(max_new_tokens=0), "max_new_tokens must be"),
+    (dict(temperature=-1.0), "temperature must be"),
+    (dict(top_p=0.0), "top_p must"),
+    (dict(top_p=1.5), "top_p must"),
+    (dict(max_new_tokens=30), "exceeds the target's max_len"),
+    (dict(prompt_lengths=jnp.asarray([0])), "prompt_lengths must"),
+    (dict(method="sd", num_drafts=2), "single draft"),
+    (dict(vocab_mismatch=True), "vocabularies differ"),
+  ],
+)
+def test_bad_input(models, change, message):
+  draft, target = models
+  if change.pop("vocab_mismatch", False):
+    config = get_model_config("draft-test", V + 1, max_len=24)
+    draft = ModelBundle(config, draft.params)
+  kw = dict(
+    draft=draft,
+    target=target,
+    prompts=jnp.asarray([[1, 2, 3]]),
+    prompt_lengths=jnp.asarray([3]),
+    method="kseq",
+    num_drafts=2,
+    draft_len=2,
+    max_new_tokens=4,
+  )
+  kw.update(change)
+  with pytest.raises(ValueError, match=message):
+    engine.generate(jax.random.key(0), **kw)
