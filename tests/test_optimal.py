@@ -299,3 +299,22 @@ def test_public_verifier_masks_and_matches_its_plan():
       assert not only_masked.any(), "accepted a masked draft"
     else:
       assert not accepted.any()
+
+
+@pytest.mark.parametrize("vocab", [1000, 9000])
+def test_slot_order_sorts_by_ratio_code_then_index(vocab):
+  """Both sorting paths (packed keys, counting sort) order by q/p descending, ties by
+  index, with q = 0 and then p = 0 tokens last, up to the documented ratio resolution."""
+  rng = np.random.default_rng(vocab)
+  p, q = _pair(rng, vocab, 0.5)
+  p[rng.choice(vocab, 20, replace=False)] = 0.0
+  q[rng.choice(vocab, 20, replace=False)] = 0.0
+  q[:50] = p[:50]  # exact ratio ties
+  p, q = p / p.sum(), q / q.sum()
+  order = np.asarray(optimal._slot_order(jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)))
+  assert sorted(order) == list(range(vocab))
+  p, q = p[order].astype(np.float32), q[order].astype(np.float32)
+  group = np.where(p > 0, np.where(q > 0, 0, 1), 2)
+  assert np.all(np.diff(group) >= 0)
+  ratio = q[group == 0] / p[group == 0]
+  assert np.all(ratio[1:] <= ratio[:-1] * (1 + 2**-7))
