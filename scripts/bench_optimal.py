@@ -115,15 +115,13 @@ def format_rows(rows: list[dict]) -> str:
     return ""
   cols = list(rows[0])
 
-  def cell(v):
-    return (
-      f"{v:.6f}"
-      if isinstance(v, float) and v < 2
-      else (f"{v:.3f}" if isinstance(v, float) else str(v))
-    )
+  def cell(col, v):
+    if isinstance(v, float):
+      return f"{v:.6f}" if "a*" in col else f"{v:.3f}"
+    return str(v)
 
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-  lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
+  lines += ["| " + " | ".join(cell(c, r[c]) for c in cols) + " |" for r in rows]
   return "\n".join(lines)
 
 

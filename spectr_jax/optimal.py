@@ -1,8 +1,8 @@
 """The exact, OT-optimal multi-draft verifier (design: docs/OPTIMAL_VERIFIER.md).
 
-With k i.i.d. drafts X_1..X_k ~ p, `optimal` outputs Y ~ q exactly and, with its
-default levels, hits a draft with probability alpha*(p, q, k), the optimal-transport
-bound (`acceptance.optimal_acceptance`), where K-SEQ reaches 1 - (1 - 1/k)^k of it.
+With k i.i.d. drafts X_1..X_k ~ p, `optimal` outputs Y ~ q exactly and hits a draft with
+probability up to alpha*(p, q, k), the optimal-transport bound
+(`acceptance.optimal_acceptance`), of which K-SEQ is only guaranteed 1 - (1 - 1/k)^k.
 
 Notation. Tokens with p > 0 sorted by q/p descending are the slots 1..n (tokens with
 p = 0 follow and are never drafted); breakpoint j sits after slot j (j = 0..V).
@@ -22,11 +22,12 @@ Levels: the vertices of the lower convex hull of (Q_j, h_j) (the blocks) get lev
 the `num_cuts` heaviest interior breakpoints (by p + q of the slot before them) get the
 removal times of a deletion-only kinetic hull (OPTIMAL.md); all others get level 0. With
 num_cuts >= V the levels are those of the note and sum min(r, q) = alpha*; with the
-default 64 measured acceptance stays within 1e-3 of alpha* (docs/OPTIMAL_VERIFIER.md).
+default 64 the measured acceptance stays within 2e-3 of alpha*, with 256 within 1e-4
+(docs/OPTIMAL_VERIFIER.md); `OptimalPlan.shortfall` reports the gap.
 
-CPU note: the hull is one monotone-chain pass and the levels one loop of num_cuts events.
-Both are sequential; under `vmap` the whole per-position construction is mapped with
-`lax.map` (a custom batching rule), which is the fast layout on CPU.
+CPU note: the slot order (a counting sort for large V) and the hull are sequential
+passes written so that XLA updates their buffers in place; under `vmap` these two run
+position by position (`lax.map`, a custom batching rule), the rest is batched.
 """
 
 import functools
@@ -51,11 +52,12 @@ class OptimalPlan(NamedTuple):
   order_V: tokens in slot order (int32; tokens with p = 0 last).
   slot_V: the slot (1..V) of each token, the inverse of order_V.
   block_end_V: for slot t (at index t - 1), the block end b >= t of its block.
-  cut_M, cut_level_M: the candidate breakpoints (M = min(num_cuts, V + 1); V + 1 where
-    there is none) and their levels, all below 1 being there.
+  cut_M, cut_level_M: the candidate breakpoints (M = min(max(num_cuts, 1), V + 1)
+    entries, V + 1 where unused) and their kinetic levels.
   levels_V1: level of breakpoints 0..V (1 at block ends), the same levels in full.
   r_V: law of the selected draft Z (sums to 1 for k >= 1, zero for k = 0).
-  accept: sum min(r, q), the verifier's hit probability.
+  accept: sum min(r, q), the probability of the accept branch. The hit probability lies
+    between accept and bound, and equals both when shortfall = 0.
   bound: alpha*(p, q, k) from the same prefix sums.
   shortfall: the O(n) optimality check: the mass by which r exceeds q on blocks of hull
     slope <= 1 plus the mass by which it falls short of q on blocks of slope > 1. It is 0
@@ -418,8 +420,9 @@ def selection_law(p_V, q_V, k, *, num_cuts: int = DEFAULT_NUM_CUTS, max_k: int |
   Args: as `optimal_plan`.
 
   Returns:
-    (r_V, accept_prob): r sums to 1 (k >= 1); accept_prob is the hit probability of
-    `optimal`, equal to alpha*(p, q, k) when the plan meets the bound.
+    (r_V, accept_prob): r sums to 1 (k >= 1); accept_prob = sum min(r, q) is the
+    probability of the accept branch of `optimal`, equal to its hit probability and to
+    alpha*(p, q, k) when the plan meets the bound (`OptimalPlan.shortfall` = 0).
   """
   plan = optimal_plan(p_V, q_V, k, num_cuts=num_cuts, max_k=max_k)
   return plan.r_V, plan.accept
@@ -468,8 +471,8 @@ def optimal(key, drafts_K, p_V, q_V, *, valid_K=None, num_cuts: int = DEFAULT_NU
 
   Selects one draft Z by the level rule (module docstring), accepts it with probability
   min(1, q(Z) / r(Z)), otherwise samples norm(q - min(r, q)). The output is distributed
-  as q for any levels; the hit probability is `selection_law(...)[1]` (alpha* when the
-  plan meets the bound). k = number of valid drafts; k = 0 samples q.
+  as q for any levels; P(accepted) is `selection_law(...)[1]` (alpha* when the plan meets
+  the bound). k = number of valid drafts; k = 0 samples q.
 
   Args:
     key: PRNG key.
