@@ -94,3 +94,25 @@ def equal_mass_bins(probs, num_bins: int):
   bin_of_token[order] = bin_sorted
   bin_probs = np.bincount(bin_of_token, weights=probs, minlength=num_bins)
   return bin_of_token, bin_probs / bin_probs.sum()
+
+
+def _welch_pvalue(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  se = np.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
+  return float(2 * sstats.norm.sf(abs(a.mean() - b.mean()) / se))
+
+
+def assert_same_mean(a, b, what: str = "") -> float:
+  """Asserts that two large samples have consistent means (two-sample z-test)."""
+  global _count
+  _count += 1
+  pvalue = _welch_pvalue(a, b)
+  assert pvalue >= ALPHA, f"{what}: means {np.mean(a):.4f} vs {np.mean(b):.4f}, p = {pvalue:.3g}"
+  return pvalue
+
+
+def assert_different_mean(a, b, what: str = "") -> float:
+  """Asserts that a broken variant's sample mean is told apart from the reference's."""
+  pvalue = _welch_pvalue(a, b)
+  assert pvalue < ALPHA, f"{what}: broken variant not rejected (p = {pvalue:.3g})"
+  return pvalue
