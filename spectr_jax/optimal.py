@@ -324,7 +324,10 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   zero = jnp.zeros((1, 3), dtype)
   sums = _cumsum(jnp.stack([ps_V, qs_V, ps_V[::-1]], axis=1))
   sums = jnp.concatenate([zero, sums])
-  P_N1, Q_N1, u_N1 = sums[:, 0], sums[:, 1], sums[::-1, 2]
+  # Divide by the computed totals, so that u_0 = 1 and Q_V = 1 hold exactly in floats.
+  total_p, total_q = sums[-1, 2], sums[-1, 1]
+  P_N1, u_N1, ps_V = sums[:, 0] / total_p, sums[::-1, 2] / total_p, ps_V / total_p
+  Q_N1, qs_V = sums[:, 1] / total_q, qs_V / total_q
   h_N1 = P_N1 * _h2(jnp.ones_like(u_N1), u_N1, k, max_k)
   m = jnp.sum((p_V > 0) & (q_V > 0)).astype(jnp.int32)
 
@@ -371,7 +374,7 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   r_V = jnp.zeros((vocab,), dtype).at[order_V].set(r_slot_V)
   accept = jnp.sum(jnp.minimum(r_V, q_V))
 
-  q_tot = Q_N1[-1] - jnp.sum(jnp.where(p_V > 0, 0.0, q_V))
+  q_tot = 1.0 - jnp.sum(jnp.where(p_V > 0, 0.0, q_V)) / total_q
   bound = jnp.minimum(jnp.min(q_tot - Q_N1 + h_N1), 1.0)
   dq_V = Q_N1[b_V] - Q_N1[a_V]
   slope_V = jnp.where(dq_V > 0, (h_N1[b_V] - h_N1[a_V]) / jnp.where(dq_V > 0, dq_V, 1.0), jnp.inf)
