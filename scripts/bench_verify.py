@@ -3,8 +3,9 @@
 For each vocabulary size V, number of drafts K and draft length L, prints the median
 wall time (jitted, after a warm-up call) of:
   - one position of `kseq` (rho*) and `specinfer` with K drafts,
-  - one `verify_block` walk over K x L drafts for each method, in the worst case for
-    its cost (p = q, so every position is accepted and the walk runs all L + 1 steps),
+  - one `verify_block` walk over K x L drafts for each method (sd, kseq, specinfer,
+    optimal), in the worst case for its length (p = q, so every position is accepted and
+    the walk runs all L + 1 steps),
   - the target's output layer for the same round: a K(L+1) x 1024 by 1024 x V matmul,
 and the block walk's time as a fraction of that matmul: the verifier's share of a round.
 
@@ -51,7 +52,8 @@ def bench_row(vocab: int, num_drafts: int, draft_len: int, repeats: int) -> dict
     q_V,
     repeats=repeats,
   )
-  methods = ("sd", "kseq", "specinfer") if num_drafts == 1 else ("kseq", "specinfer")
+  methods = ("kseq", "specinfer", "optimal")
+  methods = ("sd",) + methods if num_drafts == 1 else methods
   for method in methods:
     fn = jax.jit(lambda k, d, p, q, m=method: verify.verify_block(k, d, p, q, method=m))
     row[f"block_{method}"] = median_ms(fn, key, drafts_KxL, p_KxLxV, q_KxL1xV, repeats=repeats)
@@ -72,6 +74,7 @@ def format_table(rows: list[dict]) -> str:
     ("block_sd", "block sd ms", "{:.3f}"),
     ("block_kseq", "block kseq ms", "{:.3f}"),
     ("block_specinfer", "block specinfer ms", "{:.3f}"),
+    ("block_optimal", "block optimal ms", "{:.3f}"),
     ("matmul", "out-layer ms", "{:.3f}"),
     ("share", "kseq block / out-layer", "{:.2f}"),
   ]

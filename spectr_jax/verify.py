@@ -7,6 +7,7 @@ Y came from the accept branch:
 - `speculative_sampling`: the single-draft rule (accept min(1, q/p), else the residual).
 - `kseq`: SpecTr's K-SEQ with split factor rho ("star", "k" or a fixed number).
 - `specinfer`: SpecInfer's recursive rejection sampling.
+- `optimal`: the OT-optimal verifier that reaches alpha* (see `spectr_jax.optimal`).
 
 `verify_block` walks a block of K draft sequences of length L position by position,
 keeping the drafts that agree with what was emitted (SpecTr on sequences).
@@ -23,20 +24,23 @@ import jax
 import jax.numpy as jnp
 
 from spectr_jax import acceptance, checks
+from spectr_jax import optimal as optimal_lib
 from spectr_jax.acceptance import rho_star
+from spectr_jax.optimal import optimal
 from spectr_jax.sampling import categorical
 
 __all__ = [
   "METHODS",
   "BlockStats",
   "kseq",
+  "optimal",
   "rho_star",
   "specinfer",
   "speculative_sampling",
   "verify_block",
 ]
 
-METHODS = ("sd", "kseq", "specinfer")
+METHODS = ("sd", "kseq", "specinfer", "optimal")
 
 
 def _as_valid(valid_K, num_drafts: int):
@@ -99,10 +103,19 @@ def _specinfer(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
   return token.astype(jnp.int32), accepted, jnp.float32(0.0)
 
 
+def _optimal(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
+  del rho_mode, rho_value
+  token, accepted = optimal_lib._optimal(
+    key, drafts_K, p_V, q_V, valid_K, num_cuts=optimal_lib.DEFAULT_NUM_CUTS
+  )
+  return token, accepted, jnp.float32(0.0)
+
+
 _VERIFIERS: dict[str, Callable] = {
   "sd": _sd,
   "kseq": _kseq,
   "specinfer": _specinfer,
+  "optimal": _optimal,
 }
 
 
@@ -271,7 +284,7 @@ def verify_block(
     key: PRNG key.
     drafts_KxL: int draft tokens.
     p_KxLxV: draft distributions. q_KxL1xV: target distributions.
-    method: "kseq", "specinfer", or "sd" (K = 1).
+    method: "kseq", "specinfer", "optimal", or "sd" (K = 1).
     rho: K-SEQ split factor: "star", "k" or a number (see `kseq`).
     return_stats: also return a `BlockStats`.
 

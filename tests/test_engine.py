@@ -89,6 +89,8 @@ CASES = [
   pytest.param("kseq", 3, 2, marks=_slow),
   ("specinfer", 3, 1),
   pytest.param("specinfer", 3, 2, marks=_slow),
+  ("optimal", 3, 1),
+  pytest.param("optimal", 3, 2, marks=_slow),
 ]
 
 
