@@ -1,0 +1,28 @@
+"""Runs a decoding sweep, resuming from its results file.
+
+  python -m experiments.sweep --config configs/lm1b_spectr.py[:runlocal]
+
+Results: $SPECTR_WORKDIR/experiments/<config name>/results.jsonl (one line per cell);
+tables and plots: `python -m experiments.report` with the same --config.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from spectr_jax import experiment, sharding, train
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  sharding.maybe_initialize_distributed()
+  train.quiet_orbax_logging()
+  config = _CONFIG.value.to_dict()
+  experiment.run_sweep(experiment.SweepConfig.from_dict(config), provenance_config=config)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main)

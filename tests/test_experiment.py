@@ -1,0 +1,263 @@
+"""Sweeps: the grid, cell keys, resumable results (also after a kill), provenance, launchers."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import lm1b_spectr, rho_ablation
+from spectr_jax import analysis, engine, experiment
+from spectr_jax.data import TokenizedSplit
+from spectr_jax.models import ModelBundle, get_model_config, init_params
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+V = 16
+
+
+def random_pair(seed: int = 0) -> experiment.Pair:
+  """Random-weight test models (V = 16) and 40 random held-out sentences."""
+  draft_config = get_model_config("draft-test", V, max_len=32)
+  target_config = get_model_config("target-test", V, max_len=32)
+  draft = ModelBundle(draft_config, init_params(draft_config, jax.random.key(seed)))
+  target = ModelBundle(target_config, init_params(target_config, jax.random.key(seed + 1)))
+  rng = np.random.default_rng(seed)
+  heldout = TokenizedSplit.from_ids(
+    [list(rng.integers(4, V, rng.integers(1, 8))) for _ in range(40)]
+  )
+  return experiment.make_pair(draft, target, heldout, what="random")
+
+
+def sweep_config(tmp_path, **changes) -> experiment.SweepConfig:
+  """The "test" sweep with results in tmp_path (models come from `random_pair`)."""
+  config = experiment.SweepConfig.from_dict(lm1b_spectr.get_config("test").to_dict())
+  return dataclasses.replace(config, results_dir=str(tmp_path / "results"), **changes)
+
+
+@pytest.fixture(scope="module")
+def pair():
+  return random_pair()
+
+
+@pytest.mark.parametrize("arg", [None, "runlocal", "test", "source=lm1b_text,path=/data/lm1b"])
+def test_configs_convert(arg):
+  sweep = experiment.SweepConfig.from_dict(lm1b_spectr.get_config(arg).to_dict())
+  ablation = analysis.RhoAblationConfig.from_dict(rho_ablation.get_config(arg).to_dict())
+  assert ablation.sweep.name != sweep.name
+  assert set(sweep.methods) <= set(engine.METHODS)
+  if arg is None:
+    assert (sweep.num_drafts, sweep.draft_lens, sweep.seeds) == ((1, 2, 4, 8), (2, 4, 8), (0, 1, 2))
+    assert (sweep.num_prompts, sweep.temperature) == (1000, 1.0)
+    assert ("optimal" in sweep.methods) == ("optimal" in engine.METHODS)
+  if arg and "lm1b_text" in arg:
+    assert sweep.draft.data.source == "lm1b_text" and sweep.draft.data.path == "/data/lm1b"
+    assert sweep.draft_workdir == "draft-lm1b_text"
+  if arg == "runlocal":
+    assert sweep.draft_workdir == "draft" and sweep.num_prompts < 100
+
+
+def test_config_errors(tmp_path):
+  with pytest.raises(ValueError, match="unknown methods"):
+    sweep_config(tmp_path, methods=("autoregressive", "beam"))
+  with pytest.raises(ValueError, match="rho must be"):
+    sweep_config(tmp_path, rhos=(0.5,))
+
+
+def test_expand_grid(tmp_path):
+  config = sweep_config(
+    tmp_path,
+    methods=("autoregressive", "sd", "kseq", "specinfer"),
+    num_drafts=(1, 2, 4),
+    draft_lens=(2, 4),
+    rhos=("star", "k", 3.0),
+    seeds=(0, 1),
+  )
+  cells = experiment.expand(config, "pair")
+  grid = {(c.method, c.num_drafts, c.draft_len, c.rho) for c in cells}
+  kseq = {(k, rho) for m, k, _, rho in grid if m == "kseq"}
+  assert kseq == {(2, "star"), (2, "k"), (4, "star"), (4, "k"), (4, 3.0)}  # rho 3 > K = 2 skipped
+  assert {(m, k, n) for m, k, n, _ in grid if m != "kseq"} == {
+    ("autoregressive", 1, 0),
+    ("sd", 1, 2),
+    ("sd", 1, 4),
+    ("specinfer", 2, 2),
+    ("specinfer", 2, 4),
+    ("specinfer", 4, 2),
+    ("specinfer", 4, 4),
+  }
+  assert len(cells) == 2 * len(grid) == len({c.key for c in cells})
+  # Seeds are the inner loop: cells that share a compiled decoder run in a row.
+  assert [c.seed for c in cells[:4]] == [0, 1, 0, 1]
+  with pytest.raises(ValueError, match="twice"):
+    experiment.expand(dataclasses.replace(config, seeds=(0, 0)), "pair")
+
+
+def test_cell_key_hashes_every_field():
+  cell = experiment.Cell("kseq", 4, 4, "star", 0, 1.0, 0, 1.0, 8, 8, 16, False, "abc")
+  assert cell.key == dataclasses.replace(cell).key
+  changed = dict(
+    method="specinfer",
+    num_drafts=8,
+    draft_len=2,
+    rho="k",
+    seed=1,
+    temperature=0.5,
+    top_k=5,
+    top_p=0.9,
+    num_prompts=9,
+    prompt_len=4,
+    max_new_tokens=17,
+    stop_at_eos=True,
+    pair="abd",
+  )
+  assert set(changed) == {f.name for f in dataclasses.fields(cell)}
+  keys = {dataclasses.replace(cell, **{name: value}).key for name, value in changed.items()}
+  assert len(keys) == len(changed) and cell.key not in keys
+
+
+def test_pair_fingerprint_tracks_parameters_and_text(pair):
+  same = experiment.make_pair(pair.draft, pair.target, pair.heldout, other="description")
+  assert same.fingerprint == pair.fingerprint
+  target = ModelBundle(pair.target.config, jax.tree.map(lambda x: x * 1.5, pair.target.params))
+  assert experiment.make_pair(pair.draft, target, pair.heldout).fingerprint != pair.fingerprint
+  heldout = TokenizedSplit.from_ids([[5, 6]] + [list(pair.heldout.sentence(i)) for i in range(39)])
+  assert experiment.make_pair(pair.draft, pair.target, heldout).fingerprint != pair.fingerprint
+  assert pair.cost_ratio == pair.description["draft_params"] / pair.description["target_params"]
+
+
+def test_load_results_cuts_a_partial_last_line(tmp_path):
+  path = tmp_path / experiment.RESULTS_FILE
+  lines = [json.dumps({"key": k, "x": i}) + "\n" for i, k in enumerate("aab")]
+  path.write_text("".join(lines) + '{"key": "c", "x"')
+  records = experiment.load_results(tmp_path)
+  assert sorted(records) == ["a", "b"] and records["a"]["x"] == 0  # the first record of a key
+  assert path.read_text() == "".join(lines)
+  assert experiment.load_results(tmp_path / "missing") == {}
+
+
+def test_run_cell_does_not_depend_on_batching(pair):
+  cell = experiment.Cell("sd", 1, 2, None, 3, 1.0, 0, 1.0, 5, 4, 6, False, pair.fingerprint)
+  one = experiment.run_cell(cell, pair, batch_size=5)
+  split = experiment.run_cell(cell, pair, batch_size=2)
+  for field in ("emitted", "rounds", "draft_calls", "tokens_per_round", "reached", "hits"):
+    assert one[field] == split[field], field
+  assert len(one["emitted"]) == 5 and sum(one["emitted"]) == 5 * 6
+  assert one["timed_prompts"] == 5 and split["timed_prompts"] == 3  # batch 0 is the warm-up
+  assert split["timed_tokens"] == 3 * 6 and split["decode_seconds"] > 0
+
+
+def test_sweep_writes_one_line_per_cell_and_resumes(pair, tmp_path, monkeypatch):
+  config = sweep_config(tmp_path, methods=("autoregressive", "sd"), shard=False)
+  records = experiment.run_sweep(config, pair, provenance_config={"name": "test"})
+  path = config.results_path / experiment.RESULTS_FILE
+  lines = path.read_text().splitlines()
+  assert len(records) == len(lines) == 4
+  assert [json.loads(line)["key"] for line in lines] == [r["key"] for r in records]
+  first = json.loads(lines[0])
+  assert first["cell"]["pair"] == pair.fingerprint and first["device_kind"]
+  assert first["draft_params"] == pair.description["draft_params"]
+  provenance = json.loads((config.results_path / experiment.PROVENANCE_FILE).read_text())
+  assert provenance["config"] == {"name": "test"} and provenance["run"] == first["run"]
+  assert {"jax", "numpy"} <= set(provenance["versions"]) and provenance["git_revision"]
+  assert provenance["device_kind"] and provenance["num_devices"] == len(jax.devices())
+
+  # Drop the last cell and a half-written line: a rerun runs that cell only, once.
+  path.write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])
+  ran = []
+  run_cell = experiment.run_cell
+  monkeypatch.setattr(
+    experiment, "run_cell", lambda cell, *a: ran.append(cell) or run_cell(cell, *a)
+  )
+  again = experiment.run_sweep(config, pair)
+  assert [c.key for c in ran] == [records[3]["key"]]
+  assert path.read_text().splitlines()[:3] == lines[:3]
+  assert len(path.read_text().splitlines()) == 4
+  for before, after in zip(records, again, strict=True):
+    assert before["emitted"] == after["emitted"] and before["rounds"] == after["rounds"]
+  assert experiment.run_sweep(config, pair) and len(ran) == 1  # nothing left to run
+
+
+@pytest.mark.slow
+def test_sharded_sweep_matches_one_device(pair, tmp_path):
+  config = sweep_config(tmp_path, methods=("sd",), seeds=(0,), batch_size=3)
+  local = experiment.run_sweep(dataclasses.replace(config, shard=False), pair)
+  sharded = experiment.run_sweep(
+    dataclasses.replace(config, shard=True, results_dir=str(tmp_path / "sharded")), pair
+  )
+  assert sharded[0]["num_devices"] == len(jax.devices()) == 8
+  assert sharded[0]["emitted"] == local[0]["emitted"] and sharded[0]["hits"] == local[0]["hits"]
+
+
+def _lines(path):
+  return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.slow
+def test_killed_sweep_resumes_and_runs_no_cell_twice(tmp_path):
+  """Kills `experiments.sweep` after its first cell, reruns it, checks the results file.
+
+  The first run also trains the tiny test pair (its checkpoints are missing).
+  """
+  env = dict(os.environ, SPECTR_WORKDIR=str(tmp_path))
+  command = [sys.executable, "-m", "experiments.sweep", "--config", "configs/lm1b_spectr.py:test"]
+  results = tmp_path / "experiments" / "lm1b_spectr-test" / experiment.RESULTS_FILE
+  process = subprocess.Popen(command, cwd=_REPO, env=env, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 240
+  while time.time() < deadline and process.poll() is None and not _lines(results):
+    time.sleep(0.02)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  before = _lines(results)
+  total = len(lm1b_spectr.get_config("test").seeds) * 3
+  assert 1 <= len(before) < total, "the sweep was not killed mid-way"
+  subprocess.run(command, cwd=_REPO, env=env, check=True, stderr=subprocess.DEVNULL)
+  after = _lines(results)
+  keys = [json.loads(line)["key"] for line in after]
+  assert after[: len(before)] == before
+  assert len(after) == len(set(keys)) == total
+  runs = _lines(results.parent / experiment.PROVENANCE_FILE)
+  assert len(runs) == 2 and {json.loads(line)["run"] for line in after} == {
+    json.loads(run)["run"] for run in runs
+  }
+
+
+def _script(name, *args):
+  return subprocess.run(
+    ["bash", f"scripts/{name}", *args], cwd=_REPO, capture_output=True, text=True, timeout=30
+  )
+
+
+def test_launch_tpu_pod_dry_run():
+  run = _script(
+    "launch_tpu_pod.sh",
+    "--dry-run",
+    "--tpu=my-pod",
+    "--zone=us-central2-b",
+    "--copy",
+    "--",
+    "python",
+    "-m",
+    "experiments.sweep",
+    "--config",
+    "configs/lm1b_spectr.py",
+  )
+  assert run.returncode == 0, run.stderr
+  archive, *lines = run.stdout.splitlines()
+  assert archive.startswith("git archive")
+  assert all(line.startswith("gcloud compute tpus tpu-vm ") for line in lines)
+  assert all("--worker=all" in line and "--zone=us-central2-b" in line for line in lines)
+  assert "scp" in lines[0] and "scripts/setup.sh" in lines[1] and "jax[tpu]" in lines[1]
+  assert "python -m experiments.sweep --config configs/lm1b_spectr.py" in lines[-1]
+  assert _script("launch_tpu_pod.sh", "--dry-run", "--", "true").returncode != 0  # no --tpu
+
+
+def test_launch_gpu_host_dry_run():
+  run = _script("launch_gpu_host.sh", "--dry-run", "--", "python", "-m", "experiments.sweep")
+  assert run.returncode == 0, run.stderr
+  assert "python -m experiments.sweep" in run.stdout
