@@ -7,7 +7,6 @@ prefixes that speculative decoding actually visits).
 """
 
 import dataclasses
-import functools
 import json
 import pathlib
 from typing import Any
@@ -16,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import train
-from spectr_jax.data import BOS_ID, EOS_ID, PAD_ID, Dataset, Prompts, heldout_rows, make_prompts
-from spectr_jax.models import ModelBundle, Transformer, count_params
+from spectr_jax import acceptance, analysis, train
+from spectr_jax.data import BOS_ID, PAD_ID, Dataset, Prompts, heldout_rows, make_prompts
+from spectr_jax.models import ModelBundle, count_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,18 +44,13 @@ class EvalConfig:
   seed: int = 0
 
 
-def _probs(params: Any, model: Transformer, tokens_BxT: jax.Array, temperature: float) -> jax.Array:
-  logits_BxTxV = model.apply({"params": params}, tokens_BxT).astype(jnp.float32)
-  return jax.nn.softmax(logits_BxTxV / temperature, axis=-1)
-
-
 def _overlap_BxT(
   draft: ModelBundle, target: ModelBundle, tokens_BxT: jax.Array, temperature: float
 ) -> jax.Array:
   """Returns `sum_x min(p, q)` of the next-token distributions at every position."""
-  p_BxTxV = _probs(draft.params, draft.model, tokens_BxT, temperature)
-  q_BxTxV = _probs(target.params, target.model, tokens_BxT, temperature)
-  return jnp.sum(jnp.minimum(p_BxTxV, q_BxTxV), axis=-1)
+  p_BxTxV = analysis.next_token_probs(draft, tokens_BxT, temperature)
+  q_BxTxV = analysis.next_token_probs(target, tokens_BxT, temperature)
+  return acceptance.overlap(p_BxTxV, q_BxTxV)
 
 
 @jax.jit
@@ -98,63 +92,6 @@ def teacher_forced_acceptance(
   return float(total[0] / max(total[1], 1.0))
 
 
-@functools.partial(jax.jit, static_argnames="num_tokens")
-def sample_target(
-  target: ModelBundle,
-  tokens_BxP: jax.Array,
-  lengths_B: jax.Array,
-  num_tokens: int,
-  key: jax.Array,
-  temperature: jax.Array,
-) -> jax.Array:
-  """Samples `num_tokens` tokens after each prompt (full forward per token, no cache).
-
-  Args:
-    target: the model sampled from.
-    tokens_BxP: int32 right-padded prompts [B, P].
-    lengths_B: int32 prompt lengths.
-    num_tokens: N, tokens to sample per row.
-    key: PRNG key; token `s` uses `fold_in(key, s)`.
-    temperature: float32 scalar.
-
-  Returns:
-    int32 [B, P + N]: row b holds its prompt, then its N samples from position
-    `lengths_B[b]` on, then PAD.
-  """
-  batch, width = tokens_BxP.shape[0], tokens_BxP.shape[1] + num_tokens
-  tokens_BxW = (
-    jnp.full((batch, width), PAD_ID, jnp.int32).at[:, : tokens_BxP.shape[1]].set(tokens_BxP)
-  )
-  rows_B = jnp.arange(batch)
-
-  def body(s, tokens_BxW):
-    logits_BxWxV = target.model.apply({"params": target.params}, tokens_BxW)
-    pos_B = lengths_B + s
-    logits_BxV = logits_BxWxV[rows_B, pos_B - 1].astype(jnp.float32)
-    next_B = jax.random.categorical(jax.random.fold_in(key, s), logits_BxV / temperature)
-    return tokens_BxW.at[rows_B, pos_B].set(next_B.astype(jnp.int32))
-
-  return jax.lax.fori_loop(0, num_tokens, body, tokens_BxW)
-
-
-@functools.partial(jax.jit, static_argnames="num_tokens")
-def _sampled_overlap(
-  draft: ModelBundle,
-  target: ModelBundle,
-  tokens_BxW: jax.Array,
-  lengths_B: jax.Array,
-  num_tokens: int,
-  temperature: jax.Array,
-) -> tuple[jax.Array, jax.Array]:
-  """Overlaps at the N sampled positions of each row, and a mask that ends after EOS."""
-  overlap_BxW = _overlap_BxT(draft, target, tokens_BxW, temperature)
-  pos_BxN = lengths_B[:, None] - 1 + jnp.arange(num_tokens)[None, :]
-  overlap_BxN = jnp.take_along_axis(overlap_BxW, pos_BxN, axis=1)
-  sampled_BxN = jnp.take_along_axis(tokens_BxW, pos_BxN + 1, axis=1)
-  eos_before_BxN = jnp.cumsum(sampled_BxN == EOS_ID, axis=1) - (sampled_BxN == EOS_ID)
-  return overlap_BxN, eos_before_BxN == 0
-
-
 def sampled_acceptance(
   draft: ModelBundle,
   target: ModelBundle,
@@ -165,7 +102,8 @@ def sampled_acceptance(
 ) -> tuple[float, np.ndarray, int]:
   """Mean `sum_x min(p, q)` along continuations sampled from the target.
 
-  Positions after a sampled EOS are left out (the sentence has ended there).
+  Positions after a sampled EOS are left out (the sentence has ended there). The
+  trajectories come from `analysis.collect_trajectories`.
 
   Args:
     draft: the draft model (p).
@@ -179,11 +117,9 @@ def sampled_acceptance(
     The mean acceptance, the mean at each of the N positions [N] (NaN where no row is
     still in its sentence), and the number of positions averaged.
   """
-  temp = jnp.float32(temperature)
-  tokens_BxW = sample_target(target, prompts.tokens_BxT, prompts.lengths_B, num_tokens, key, temp)
-  overlap_BxN, mask_BxN = jax.device_get(
-    _sampled_overlap(draft, target, tokens_BxW, prompts.lengths_B, num_tokens, temp)
-  )
+  traj = analysis.collect_trajectories(draft, target, prompts, num_tokens, key, temperature)
+  overlap_BxN = np.asarray(acceptance.overlap(traj.p_BxNxV, traj.q_BxNxV))
+  mask_BxN = np.asarray(traj.in_sentence_BxN)
   counts_N = mask_BxN.sum(axis=0)
   per_position_N = np.where(
     counts_N > 0, (overlap_BxN * mask_BxN).sum(axis=0) / np.maximum(counts_N, 1), np.nan

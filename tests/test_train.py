@@ -15,7 +15,7 @@ import pytest
 from configs import draft as draft_config
 from configs import eval_pair as eval_pair_config
 from configs import target as target_config
-from spectr_jax import data, evaluate, train
+from spectr_jax import analysis, data, evaluate, train
 from spectr_jax.models import ModelBundle, init_params
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -153,7 +153,7 @@ def test_sample_target_keeps_prompts_and_matches_greedy_reference(target_run):
   tokens = prompts.tokens_BxT.copy()
   tokens[1, 3:] = data.PAD_ID
   out = np.asarray(
-    evaluate.sample_target(bundle, tokens, lengths, 4, jax.random.key(0), jnp.float32(1e-4))
+    analysis.sample_target(bundle, tokens, lengths, 4, jax.random.key(0), jnp.float32(1e-4))
   )
   forward = jax.jit(lambda tokens: bundle.model.apply({"params": bundle.params}, tokens))
   reference = np.full_like(out, data.PAD_ID)

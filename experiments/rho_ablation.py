@@ -1,0 +1,28 @@
+"""Runs the rho ablation: a block-level decoding sweep and the per-position analysis.
+
+  python -m experiments.rho_ablation --config configs/rho_ablation.py[:runlocal]
+
+Results: $SPECTR_WORKDIR/experiments/<sweep name>/{results.jsonl,analysis.json}; tables
+and plots: `python -m experiments.report --config configs/rho_ablation.py[:runlocal]`.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from spectr_jax import analysis, sharding, train
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Rho ablation config file.")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  sharding.maybe_initialize_distributed()
+  train.quiet_orbax_logging()
+  config = _CONFIG.value.to_dict()
+  analysis.run_rho_ablation(analysis.RhoAblationConfig.from_dict(config), provenance_config=config)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main)
