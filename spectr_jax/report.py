@@ -1,0 +1,301 @@
+"""Paper-style tables and plots of sweep results.
+
+One row per (method, K, L, rho) over its seeds: block efficiency (emitted tokens per
+target call, pooled over prompts and seeds) with a two-level bootstrap 95% interval
+(seeds resampled, then prompts within each drawn seed), the hit rate at the first draft
+position, measured decoding tokens/s and its ratio to autoregressive decoding of the same
+sweep, and the accelerator speedup that `metrics.predicted_speedup` predicts. Written as
+markdown and CSV, with PNG plots (matplotlib, Agg backend): block efficiency vs K for
+each L, and, for a rho ablation, exact acceptance vs K for each strategy with the
+optimal bound.
+"""
+
+import csv
+import json
+import pathlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from spectr_jax import analysis, experiment, metrics  # noqa: E402
+
+REPORT_DIR = "report"
+_METHOD_ORDER = ("autoregressive", "sd", "kseq", "specinfer", "optimal")
+_STYLES = {"kseq": "-", "specinfer": "--", "optimal": ":"}
+_COLUMNS = (
+  ("method", "method", "{}"),
+  ("K", "K", "{}"),
+  ("L", "L", "{}"),
+  ("rho_name", "rho", "{}"),
+  ("block_efficiency", "block efficiency", "{:.2f}"),
+  ("interval", "95% interval", "{}"),
+  ("hit_at_1", "hit rate at t=1", "{:.3f}"),
+  ("tokens_per_s", "tokens/s", "{:.0f}"),
+  ("speedup", "speedup (measured)", "{:.2f}x"),
+  ("predicted_speedup", "speedup (predicted, accel.)", "{:.2f}x"),
+  ("samples", "seeds x prompts", "{}"),
+)
+
+
+def bootstrap_ratio(
+  num_SxN: np.ndarray,
+  den_SxN: np.ndarray,
+  *,
+  resamples: int = 2000,
+  level: float = 0.95,
+  seed: int = 0,
+) -> tuple[float, float, float]:
+  """sum(num) / sum(den) with a two-level percentile bootstrap interval.
+
+  Each resample draws S seeds with replacement, then N prompts with replacement within
+  each drawn seed, and recomputes the ratio of sums.
+
+  Args:
+    num_SxN, den_SxN: per (seed, prompt) numerators and denominators (e.g. emitted
+      tokens and target calls).
+    resamples: bootstrap resamples.
+    level: coverage of the interval.
+    seed: seeds the resampling (the report is reproducible).
+
+  Returns:
+    (estimate, lower, upper).
+  """
+  num_SxN, den_SxN = np.asarray(num_SxN, float), np.asarray(den_SxN, float)
+  s, n = num_SxN.shape
+  rng = np.random.default_rng(seed)
+  seeds_RxS = rng.integers(s, size=(resamples, s))
+  prompts_RxSxN = rng.integers(n, size=(resamples, s, n))
+  num_R = num_SxN[seeds_RxS[..., None], prompts_RxSxN].sum(axis=(1, 2))
+  den_R = den_SxN[seeds_RxS[..., None], prompts_RxSxN].sum(axis=(1, 2))
+  ratio_R = num_R / np.maximum(den_R, 1e-12)
+  lower, upper = np.quantile(ratio_R, [(1 - level) / 2, (1 + level) / 2])
+  return float(num_SxN.sum() / max(den_SxN.sum(), 1e-12)), float(lower), float(upper)
+
+
+def _group_key(cell: dict[str, Any], drop: Iterable[str]) -> str:
+  return json.dumps({k: v for k, v in cell.items() if k not in drop}, sort_keys=True)
+
+
+def _sort_key(row: dict[str, Any]):
+  rho = row["rho"]
+  rho_order = (0, 0.0) if rho in (None, "star") else (1, 0.0) if rho == "k" else (2, rho)
+  method = _METHOD_ORDER.index(row["method"]) if row["method"] in _METHOD_ORDER else 99
+  return (row["method"] != "autoregressive", row["L"], method, row["K"], rho_order)
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+  """One row per cell group (all fields but the seed), sorted method-wise.
+
+  Args:
+    records: results.jsonl records (see `experiment.run_cell`).
+
+  Returns:
+    Rows with method, K, L, rho, block_efficiency and its interval (lower, upper,
+    interval), hit_at_1, tokens_per_s, speedup (over the autoregressive group with the
+    same decoding setting; None without one), predicted_speedup, seeds, prompts, samples.
+  """
+  groups: dict[str, list[dict[str, Any]]] = {}
+  for record in records:
+    groups.setdefault(_group_key(record["cell"], ("seed",)), []).append(record)
+  baselines = {}
+  rows = []
+  for members in groups.values():
+    members = sorted(members, key=lambda r: r["cell"]["seed"])
+    cell = members[0]["cell"]
+    emitted_SxN = np.array([r["emitted"] for r in members])
+    rounds_SxN = np.array([r["rounds"] for r in members])
+    estimate, lower, upper = bootstrap_ratio(emitted_SxN, rounds_SxN)
+    reached = sum(r["reached"][0] for r in members)
+    hits = sum(r["hits"][0] for r in members)
+    tokens_per_s = sum(r["timed_tokens"] for r in members) / max(
+      sum(r["decode_seconds"] for r in members), 1e-12
+    )
+    cost_ratio = members[0]["draft_params"] / members[0]["target_params"]
+    row = {
+      "method": cell["method"],
+      "K": cell["num_drafts"],
+      "L": cell["draft_len"],
+      "rho": cell["rho"],
+      "rho_name": None if cell["rho"] is None else analysis.strategy_name(cell["rho"]),
+      "block_efficiency": estimate,
+      "lower": lower,
+      "upper": upper,
+      "interval": f"[{lower:.2f}, {upper:.2f}]",
+      "hit_at_1": hits / reached if cell["draft_len"] and reached else None,
+      "tokens_per_s": tokens_per_s,
+      "predicted_speedup": metrics.predicted_speedup(estimate, cell["draft_len"], cost_ratio),
+      "seeds": len(members),
+      "prompts": emitted_SxN.shape[1],
+      "samples": f"{len(members)} x {emitted_SxN.shape[1]}",
+      "_setting": _group_key(cell, ("seed", "method", "num_drafts", "draft_len", "rho")),
+    }
+    if cell["method"] == "autoregressive":
+      baselines[row["_setting"]] = tokens_per_s
+    rows.append(row)
+  for row in rows:
+    baseline = baselines.get(row.pop("_setting"))
+    row["speedup"] = None if baseline is None else row["tokens_per_s"] / baseline
+  return sorted(rows, key=_sort_key)
+
+
+def _format(value: Any, fmt: str) -> str:
+  return "-" if value is None else fmt.format(value)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns=_COLUMNS) -> str:
+  """A markdown table of `rows` (the rho column only when some row has one)."""
+  if all(row.get("rho_name") is None for row in rows):
+    columns = [c for c in columns if c[0] != "rho_name"]
+  lines = ["| " + " | ".join(title for _, title, _ in columns) + " |"]
+  lines.append("|" + "---|" * len(columns))
+  for row in rows:
+    lines.append("| " + " | ".join(_format(row.get(k), f) for k, _, f in columns) + " |")
+  return "\n".join(lines)
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> None:
+  """Writes `rows` (all their fields, full precision) as CSV."""
+  fields = list(dict.fromkeys(k for row in rows for k in row))
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def plot_block_efficiency(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> None:
+  """Block efficiency vs K for each L: K-SEQ at rho* (solid, from "sd" at K = 1) and the
+  other multi-draft methods (dashed/dotted), with the bootstrap intervals."""
+  fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+  lens = sorted({r["L"] for r in rows if r["L"] > 0})
+  colors = dict(zip(lens, plt.cm.viridis(np.linspace(0, 0.85, len(lens))), strict=True))
+  for draft_len in lens:
+    single = [r for r in rows if r["method"] == "sd" and r["L"] == draft_len]
+    for method, style in _STYLES.items():
+      line = [
+        r
+        for r in rows
+        if r["method"] == method and r["L"] == draft_len and r["rho"] in (None, "star")
+      ]
+      if not line:
+        continue
+      line = sorted(single + line, key=lambda r: r["K"])
+      ks = [r["K"] for r in line]
+      mean = np.array([r["block_efficiency"] for r in line])
+      err = np.array([[m - r["lower"], r["upper"] - m] for m, r in zip(mean, line, strict=True)])
+      label = f"{method} L={draft_len}"
+      ax.errorbar(ks, mean, yerr=err.T, fmt=style, marker="o", ms=4, capsize=3, label=label,
+                  color=colors[draft_len])  # fmt: skip
+  ax.axhline(1.0, color="gray", lw=0.8, label="autoregressive")
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(
+    sorted({r["K"] for r in rows}), labels=[str(k) for k in sorted({r["K"] for r in rows})]
+  )
+  ax.set_xlabel("drafts K (K = 1: single-draft speculative decoding)")
+  ax.set_ylabel("block efficiency (tokens / target call)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+
+
+def plot_acceptance(result: dict[str, Any], path: str | pathlib.Path) -> None:
+  """Exact per-position acceptance vs K for each strategy, the optimal bound alpha* and
+  the one-draft acceptance; strategies invalid at some positions are drawn hollow."""
+  fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+  names = list(dict.fromkeys(r["strategy"] for r in result["rows"]))
+  for name in names:
+    line = sorted((r for r in result["rows"] if r["strategy"] == name), key=lambda r: r["K"])
+    ks = [1] + [r["K"] for r in line]  # At K = 1 every method is the one-draft acceptance.
+    values = [result["single"]] + [r["acceptance"] for r in line]
+    if name == "optimal":
+      ax.plot(ks, values, "k-", lw=2.5, label="optimal bound alpha*", zorder=1)
+      continue
+    (handle,) = ax.plot(ks, values, "--" if name == "specinfer" else "-", lw=1, label=name)
+    for r in line:
+      hollow = r.get("invalid", 0.0) > 0
+      ax.plot(r["K"], r["acceptance"], "o", ms=5, color=handle.get_color(),
+              markerfacecolor="white" if hollow else handle.get_color())  # fmt: skip
+  ax.plot([1], [result["single"]], "k*", ms=9, label="one draft")
+  ax.set_xscale("log", base=2)
+  ks = sorted({1, *(r["K"] for r in result["rows"])})
+  ax.set_xticks(ks, labels=[str(k) for k in ks])
+  ax.set_xlabel("drafts K")
+  ax.set_ylabel("P(output hits a draft), mean over positions")
+  ax.set_title("hollow: invalid at some positions (output law is not q)", fontsize=8)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+
+
+_ANALYSIS_COLUMNS = (
+  ("K", "K", "{}"),
+  ("strategy", "strategy", "{}"),
+  ("acceptance", "acceptance", "{:.4f}"),
+  ("optimal", "optimal alpha*", "{:.4f}"),
+  ("gap", "gap", "{:+.4f}"),
+  ("mean_rho", "mean rho", "{:.2f}"),
+  ("below_star", "rho < rho*", "{:.1%}"),
+  ("invalid", "invalid", "{:.1%}"),
+  ("mean_deficit", "mean overshoot", "{:.4f}"),
+)
+
+
+def _records_for(config: experiment.SweepConfig | None, results_dir: pathlib.Path) -> list[dict]:
+  """The records of `config`'s cells for the pair of the latest run (all without a config)."""
+  records = experiment.load_results(results_dir)
+  provenance = results_dir / experiment.PROVENANCE_FILE
+  if config is None or not provenance.exists():
+    return list(records.values())
+  fingerprint = json.loads(provenance.read_text().splitlines()[-1])["pair"]["fingerprint"]
+  keys = [cell.key for cell in experiment.expand(config, fingerprint)]
+  return [records[k] for k in keys if k in records]
+
+
+def write_report(
+  results_dir: str | pathlib.Path, config: experiment.SweepConfig | None = None
+) -> str:
+  """Writes table.md, table.csv and the plots to <results_dir>/report; returns the markdown.
+
+  Args:
+    results_dir: a sweep's results directory (results.jsonl, optional analysis.json).
+    config: when given, only its cells are reported (else every record there).
+
+  Returns:
+    The markdown: the decoding table and, for a rho ablation, the per-position table.
+  """
+  results_dir = pathlib.Path(results_dir)
+  out = results_dir / REPORT_DIR
+  out.mkdir(parents=True, exist_ok=True)
+  rows = summarize(_records_for(config, results_dir))
+  if not rows:
+    raise ValueError(f"no results in {results_dir}")
+  write_csv(rows, out / "table.csv")
+  text = [f"## Decoding ({results_dir.name})", "", markdown_table(rows), ""]
+  if len({r["K"] for r in rows if r["L"] > 0}) > 1:
+    plot_block_efficiency(rows, out / "block_efficiency_vs_K.png")
+    text += [f"Plot: {out / 'block_efficiency_vs_K.png'}", ""]
+  ablation = results_dir / analysis.ANALYSIS_FILE
+  if ablation.exists():
+    result = json.loads(ablation.read_text())
+    write_csv(result["rows"], out / "acceptance.csv")
+    plot_acceptance(result, out / "acceptance_vs_K.png")
+    text += [
+      f"## Exact acceptance per position ({result['positions']} positions along target "
+      f"samples; one draft: {result['single']:.4f})",
+      "",
+      markdown_table(result["rows"], _ANALYSIS_COLUMNS),
+      "",
+      f"Plot: {out / 'acceptance_vs_K.png'}",
+      "",
+    ]
+  markdown = "\n".join(text)
+  (out / "table.md").write_text(markdown)
+  return markdown

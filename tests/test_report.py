@@ -1,0 +1,144 @@
+"""Aggregation: the bootstrap interval, the table rows, the written report and its plots."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import lm1b_spectr
+from spectr_jax import analysis, experiment, metrics, report
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_bootstrap_ratio_estimate_and_width():
+  rng = np.random.default_rng(0)
+  num = rng.normal(10.0, 2.0, (1, 400))
+  estimate, lower, upper = report.bootstrap_ratio(num, np.ones_like(num))
+  assert estimate == pytest.approx(num.mean())
+  # One seed: the interval of a mean, about +-1.96 sigma / sqrt(n).
+  half_width = 1.96 * num.std() / np.sqrt(num.size)
+  assert (upper - lower) / 2 == pytest.approx(half_width, rel=0.15)
+  assert lower < estimate < upper
+  # Seeds that disagree widen the interval beyond what the prompts alone give.
+  shifted = num + np.array([[0.0], [2.0], [4.0]])
+  _, lo3, hi3 = report.bootstrap_ratio(shifted, np.ones_like(shifted))
+  assert hi3 - lo3 > 3 * (upper - lower)
+  assert report.bootstrap_ratio(np.full((3, 5), 2.0), np.ones((3, 5)))[1:] == (2.0, 2.0)
+
+
+def _record(method, k, draft_len, seed, emitted, rounds, seconds, rho=None, pair="p"):
+  cell = experiment.Cell(
+    method, k, draft_len, rho, seed, 1.0, 0, 1.0, len(emitted), 8, 16, False, pair
+  )
+  return {
+    "key": cell.key,
+    "cell": {f: getattr(cell, f) for f in cell.__dataclass_fields__},
+    "emitted": emitted,
+    "rounds": rounds,
+    "reached": [sum(rounds)] + [0] * draft_len,
+    "hits": [sum(rounds) // 2] + [0] * draft_len,
+    "timed_tokens": sum(emitted),
+    "decode_seconds": seconds,
+    "draft_params": 1,
+    "target_params": 10,
+  }
+
+
+def _records():
+  records = []
+  for seed in (0, 1):
+    records.append(_record("autoregressive", 1, 0, seed, [16, 16], [16, 16], 1.0))
+    records.append(_record("sd", 1, 4, seed, [16, 16], [8, 8], 2.0))
+    records.append(_record("kseq", 4, 4, seed, [16, 16], [4, 6], 4.0, rho="star"))
+    records.append(_record("kseq", 4, 4, seed, [16, 16], [5, 5], 4.0, rho=1.5))
+  return records
+
+
+def test_summarize_rows():
+  rows = report.summarize(_records()[::-1])
+  assert [(r["method"], r["K"], r["L"], r["rho"]) for r in rows] == [
+    ("autoregressive", 1, 0, None),
+    ("sd", 1, 4, None),
+    ("kseq", 4, 4, "star"),
+    ("kseq", 4, 4, 1.5),
+  ]
+  ar, sd, star, fixed = rows
+  assert ar["block_efficiency"] == 1.0 and ar["speedup"] == 1.0 and ar["hit_at_1"] is None
+  assert sd["block_efficiency"] == 2.0 and sd["speedup"] == pytest.approx(0.5)
+  assert star["block_efficiency"] == pytest.approx(64 / 20)
+  assert star["lower"] <= star["block_efficiency"] <= star["upper"]
+  assert star["predicted_speedup"] == pytest.approx(metrics.predicted_speedup(3.2, 4, 0.1))
+  assert star["hit_at_1"] == pytest.approx(0.5) and star["samples"] == "2 x 2"
+  assert fixed["rho_name"] == "rho=1.5" and star["rho_name"] == "rho*"
+
+
+def _write(directory, records, runs=("p",)):
+  directory.mkdir(parents=True, exist_ok=True)
+  lines = "".join(json.dumps(r) + "\n" for r in records)
+  (directory / experiment.RESULTS_FILE).write_text(lines)
+  provenance = "".join(
+    json.dumps({"run": i, "pair": {"fingerprint": p}}) + "\n" for i, p in enumerate(runs)
+  )
+  (directory / experiment.PROVENANCE_FILE).write_text(provenance)
+
+
+def test_write_report_tables_and_plots(tmp_path):
+  records = _records() + [_record("kseq", 2, 4, 0, [16, 16], [6, 6], 3.0, rho="star")]
+  _write(tmp_path, records)
+  rows = []
+  for k in (2, 4):
+    rows += [
+      {"K": k, "strategy": "rho*", "acceptance": 0.8, "optimal": 0.9, "gap": 0.1, "invalid": 0.0},
+      {
+        "K": k,
+        "strategy": "rho=1",
+        "acceptance": 0.95,
+        "optimal": 0.9,
+        "gap": -0.05,
+        "invalid": 0.5,
+      },
+      {"K": k, "strategy": "specinfer", "acceptance": 0.7, "optimal": 0.9, "gap": 0.2},
+      {"K": k, "strategy": "optimal", "acceptance": 0.9, "optimal": 0.9, "gap": 0.0},
+    ]
+  result = {"key": "k", "positions": 10, "single": 0.6, "rows": rows}
+  (tmp_path / analysis.ANALYSIS_FILE).write_text(json.dumps(result))
+  markdown = report.write_report(tmp_path)
+  out = tmp_path / report.REPORT_DIR
+  assert (out / "table.md").read_text() == markdown
+  assert "| kseq | 4 | 4 | rho* | 3.20 |" in markdown and "rho=1.5" in markdown
+  assert "| 4 | rho=1 | 0.9500 | 0.9000 | -0.0500 |" in markdown
+  with open(out / "table.csv") as f:
+    assert len(list(csv.DictReader(f))) == 5
+  for name in ("block_efficiency_vs_K.png", "acceptance_vs_K.png"):
+    png = (out / name).read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) < 100_000
+
+
+def test_report_keeps_the_configs_cells_of_the_latest_pair(tmp_path):
+  config = experiment.SweepConfig.from_dict(lm1b_spectr.get_config("test").to_dict())
+  cells = experiment.expand(config, "new")
+  records = [
+    {"key": c.key, "cell": {f: getattr(c, f) for f in c.__dataclass_fields__}} for c in cells
+  ]
+  old = [dict(r, key=r["key"] + "-old", cell=dict(r["cell"], pair="old")) for r in records]
+  _write(tmp_path, old[:1] + records[:2] + old[1:], runs=("old", "new"))
+  kept = report._records_for(config, tmp_path)
+  assert [r["key"] for r in kept] == [c.key for c in cells[:2]]
+  assert len(report._records_for(None, tmp_path)) == len(old) + 2
+
+
+def test_report_entry_point(tmp_path):
+  _write(tmp_path, _records())
+  run = subprocess.run(
+    [sys.executable, "-m", "experiments.report", f"--results_dir={tmp_path}"],
+    cwd=_REPO,
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  assert "| sd | 1 | 4 | - | 2.00 |" in run.stdout
