@@ -54,7 +54,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.name += "-runlocal"
     c.draft_lens = (4, 8)
     c.methods = ("autoregressive", "sd", "kseq")
-    c.seeds = (0, 1)
     c.num_prompts = 32
     c.max_new_tokens = 48
     c.batch_size = 16

@@ -282,6 +282,13 @@ class RhoAblationConfig:
   sweep: experiment.SweepConfig
   analysis: AnalysisConfig
 
+  def __post_init__(self):
+    if self.analysis.num_prompts > self.sweep.num_prompts:
+      raise ValueError(
+        f"analysis.num_prompts ({self.analysis.num_prompts}) exceeds the sweep's prompt set "
+        f"({self.sweep.num_prompts})"
+      )
+
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "RhoAblationConfig":
     """Builds the config from a nested mapping (a `ConfigDict.to_dict()`)."""
