@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from spectr_jax import acceptance, checks, sampling, verify
 from spectr_jax.models import KVCache, ModelBundle, ModelConfig, Transformer, commit, init_cache
@@ -465,12 +465,15 @@ def generate(
   b = prompts.shape[0]
   ids = jnp.arange(b, dtype=jnp.int32) if prompt_ids is None else jnp.asarray(prompt_ids, jnp.int32)
   draft_params = None if draft_len == 0 else draft.params
+  target_params = target.params
   if mesh is not None:
+    replicated = NamedSharding(mesh, PartitionSpec())
+    draft_params, target_params = jax.device_put((draft_params, target_params), replicated)
     pad = -b % mesh.shape[DATA_AXIS]
     prompts = jnp.pad(prompts, ((0, pad), (0, 0)))
     lengths = jnp.pad(lengths, (0, pad), constant_values=1)
     ids = jnp.pad(ids, (0, pad))
-  out = _compiled(spec, mesh)(key, ids, prompts, lengths, draft_params, target.params, traced)
+  out = _compiled(spec, mesh)(key, ids, prompts, lengths, draft_params, target_params, traced)
   if mesh is not None:
     out = jax.tree.map(lambda x: x[:b], out)
   return out
