@@ -17,7 +17,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 
-from spectr_jax import verify
+from spectr_jax import sampling, verify
 from spectr_jax.metrics import median_seconds
 
 WIDTH = 1024
@@ -32,7 +32,9 @@ def _inputs(key, vocab, num_drafts, draft_len):
   probs_V = jax.nn.softmax(2.0 * jax.random.normal(logits_key, (vocab,)))
   p_KxLxV = jnp.broadcast_to(probs_V, (num_drafts, draft_len, vocab))
   q_KxL1xV = jnp.broadcast_to(probs_V, (num_drafts, draft_len + 1, vocab))
-  drafts_KxL = jax.random.categorical(draft_key, jnp.log(p_KxLxV))
+  draft_keys = jax.random.split(draft_key, num_drafts * draft_len)
+  drafts = jax.vmap(sampling.categorical, (0, None))(draft_keys, probs_V)
+  drafts_KxL = drafts.reshape(num_drafts, draft_len)
   return drafts_KxL, p_KxLxV, q_KxL1xV
 
 

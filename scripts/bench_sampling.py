@@ -1,0 +1,78 @@
+"""Micro-benchmark of `sampling.categorical` against the float32 inverse CDF it replaced.
+
+For each vocabulary size V, prints the median wall time (jitted, after a warm-up call) of
+one draw from one weight vector and of 64 draws from 64 different rows (vmapped), for
+  - old: one float32 uniform, inverse CDF over `jnp.cumsum` (the sampler before issue 10),
+  - new: `sampling.categorical` (two levels of integer masses and 32-bit words),
+and the ratio new / old.
+
+Usage: python scripts/bench_sampling.py [--vocab_sizes 4096,32000,256000] [--rows 64]
+"""
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+
+from spectr_jax import sampling
+from spectr_jax.metrics import median_seconds
+
+
+def old_categorical(key, weights_V):
+  """The replaced sampler, kept here only as the benchmark's baseline."""
+  weights_V = jnp.maximum(weights_V, 0.0)
+  cdf_V = jnp.cumsum(weights_V)
+  u = jax.random.uniform(key, dtype=cdf_V.dtype)
+  index = jnp.searchsorted(cdf_V, u * cdf_V[-1], side="right")
+  last_positive = weights_V.shape[-1] - 1 - jnp.argmax(weights_V[::-1] > 0)
+  return jnp.minimum(index, last_positive).astype(jnp.int32)
+
+
+def bench_row(vocab: int, rows: int, repeats: int) -> dict:
+  logits_key, key = jax.random.split(jax.random.key(0))
+  probs_RxV = jax.nn.softmax(4.0 * jax.random.normal(logits_key, (rows, vocab)), axis=-1)
+  keys_R = jax.random.split(key, rows)
+  row = {"V": vocab, "R": rows}
+  for name, fn in (("old", old_categorical), ("new", sampling.categorical)):
+    row[f"{name}_1"] = 1e3 * median_seconds(jax.jit(fn), key, probs_RxV[0], repeats=repeats)
+    row[f"{name}_R"] = 1e3 * median_seconds(
+      jax.jit(jax.vmap(fn)), keys_R, probs_RxV, repeats=repeats
+    )
+  row["ratio_1"] = row["new_1"] / row["old_1"]
+  row["ratio_R"] = row["new_R"] / row["old_R"]
+  return row
+
+
+def format_table(rows: list[dict]) -> str:
+  cols = [
+    ("V", "V", "{:d}"),
+    ("old_1", "old 1 draw ms", "{:.3f}"),
+    ("new_1", "new 1 draw ms", "{:.3f}"),
+    ("ratio_1", "new/old", "{:.2f}"),
+    ("R", "rows", "{:d}"),
+    ("old_R", "old vmapped ms", "{:.3f}"),
+    ("new_R", "new vmapped ms", "{:.3f}"),
+    ("ratio_R", "new/old (vmapped)", "{:.2f}"),
+  ]
+  lines = ["| " + " | ".join(title for _, title, _ in cols) + " |"]
+  lines.append("|" + "---|" * len(cols))
+  for row in rows:
+    lines.append("| " + " | ".join(fmt.format(row[key]) for key, _, fmt in cols) + " |")
+  return "\n".join(lines)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--vocab_sizes", default="4096,32000,256000")
+  parser.add_argument("--rows", type=int, default=64)
+  parser.add_argument("--repeats", type=int, default=50)
+  args = parser.parse_args()
+  print(f"backend: {jax.default_backend()}, devices: {jax.devices()[0].device_kind}")
+  rows = [
+    bench_row(int(v), args.rows, args.repeats) for v in args.vocab_sizes.split(",") if v.strip()
+  ]
+  print(format_table(rows))
+
+
+if __name__ == "__main__":
+  main()
