@@ -19,7 +19,7 @@ def block_shape(vocab: int) -> tuple[int, int]:
   return -(-vocab // block_size), block_size
 
 
-def integer_masses(weights_N, total):
+def integer_masses(weights_N: jax.Array, total: jax.Array) -> jax.Array:
   """Quantises non-negative weights to int32 masses: round(w / total * 2^MASS_BITS).
 
   A positive weight keeps mass at least 1 and a zero (or negative, or NaN) weight has mass
@@ -46,7 +46,7 @@ def _blocks(weights_V):
   return weights_NBxBS, jnp.sum(weights_NBxBS, axis=1)
 
 
-def level_masses(weights_V):
+def level_masses(weights_V: jax.Array) -> tuple[jax.Array, jax.Array]:
   """The integer masses of both levels of `categorical_from_bits`, for every block.
 
   Args:
@@ -77,7 +77,7 @@ def _draw(bits, masses_N):
   return jnp.minimum(jnp.sum(cum_N <= u), masses_N.shape[-1] - 1).astype(jnp.int32)
 
 
-def categorical_from_bits(bits_2, weights_V):
+def categorical_from_bits(bits_2: jax.Array, weights_V: jax.Array) -> jax.Array:
   """The index `categorical` draws from the random words `bits_2`: a pure, exact map.
 
   Two levels over blocks of the (zero-padded) vocabulary, see `block_shape`: word 0 picks
@@ -86,10 +86,14 @@ def categorical_from_bits(bits_2, weights_V):
   across zero masses), and a 32-bit word maps to u = floor(bits * N / 2^32) in [0, N),
   N the level's total mass, by an exact multiply-high; the index is the number of prefix
   sums <= u. Index i of masses m then gets ceil(C_i 2^32 / N) - ceil(C_{i-1} 2^32 / N) of
-  the 2^32 words: within 2^-32 of m_i / N, and m_i / N is within 2^-(MASS_BITS+1) of the
-  weight's share (plus float rounding of the block sums). So at V = 256k the law is within
-  total variation 1e-6 of the normalised weights, every positive weight has positive
-  probability, and a zero weight has none (its mass is 0).
+  the 2^32 words, within one word of m_i 2^32 / N, and rounding moves m_i / N by at most
+  about 2^-31 plus its share of the renormalisation. So a level of n entries is within
+  total variation about n 2^-31 of its float shares: at V = 256k (n = 500 and 512)
+  under 5e-7 in all, measured 2e-7 at worst on peaked, flat, tiny-mass and truncated
+  vectors (the float rounding of the block sums adds about 2e-8). A positive weight
+  always keeps positive probability, and a zero weight has none: its mass is 0, so no
+  word maps to it. (One float32 uniform has 2^23 values, too few at these vocabularies;
+  an exponential race would need V random numbers and logarithms per draw.)
 
   Args:
     bits_2: two uint32 words.
@@ -108,7 +112,7 @@ def categorical_from_bits(bits_2, weights_V):
   return jnp.minimum(block * weights_NBxBS.shape[1] + token, vocab - 1)
 
 
-def categorical(key, weights_V):
+def categorical(key: jax.Array, weights_V: jax.Array) -> jax.Array:
   """Draws one index with probability proportional to the non-negative `weights_V`.
 
   Exact to the resolution of the weights (see `categorical_from_bits`, which this is with
