@@ -40,23 +40,13 @@ def _optimal_plan(p_bytes: bytes, q_bytes: bytes, k: int):
 
 
 def optimal_law(x, p, q):
-  """Exact law of `optimal.optimal`'s output given the drafts x (float64 from its plan).
-
-  The rule (optimal.py): U ~ U(0, 1]; breakpoints of level >= U cut the slots into
-  groups; Z is a uniform draft of the earliest group holding one; accept Z with
-  probability min(1, q(Z) / r(Z)), else draw norm(q - min(r, q)).
-  """
+  """Exact law of `optimal.optimal`'s output given the drafts x (float64 from its plan):
+  select Z (`block_bound.selection_probs`), accept it with probability min(1, q / r),
+  else draw norm(q - min(r, q))."""
   levels, slot, r = _optimal_plan(p.tobytes(), q.tobytes(), len(x))
-  slots = slot[list(x)]
-  first = slots.min()
   select = np.zeros_like(p)
-  prev = 0.0
-  for level in np.unique(levels[levels > 0]):  # U in (prev, level]: level >= U is active
-    end = min(j for j in range(first, len(levels)) if levels[j] >= level)
-    group = [xi for xi, s in zip(x, slots, strict=True) if s <= end]
-    for xi in group:
-      select[xi] += (level - prev) / len(group)
-    prev = level
+  for z, prob in block_bound.selection_probs(x, levels, slot).items():
+    select[z] = prob
   accept = np.where(r > 0, np.minimum(1.0, q / np.where(r > 0, r, 1.0)), 0.0)
   left = np.maximum(q - np.minimum(r, q), 0.0)
   residual = left / left.sum() if left.sum() > 1e-12 else q

@@ -18,15 +18,17 @@ P(tau >= i | X^i) = w_i, so E[tokens] = 1 + sum_i E[w_i]: never below token-leve
 (whose per-prefix acceptance is prod_j min(1, q/p) <= w_i).
 
 "gbv" (K >= 1): greedy multi-path block verification. Thomas & Pal (arXiv 2602.16961)
-define GBV; their algorithm text was not available to us, so this rule is derived here
-(proof in the doc) and may differ from theirs. It selects one draft path greedily and
-block-verifies it against the law of the selection:
+define GBV; the text of their algorithm was not available to us, so this rule is derived
+here (proof in the doc) and may differ from theirs. It selects one draft path greedily,
+depth by depth, and block-verifies it against the law of the selection:
 
-  at depth t the k_t paths that agree with the selected prefix Z^t survive; among their
-  tokens, Z_{t+1} is the one of highest priority q/p (ties: lower token id). Given the
-  history its law is r_t(x) = u_{x-}^k - u_x^k, u_x = 1 - p(tokens of priority >= x's);
-  run "block" on Z with r_t in place of p (r_t depends on k_t, known before Z_{t+1}).
+  at depth t the k_t paths that agree with the selected prefix Z^t survive; Z_{t+1} is
+  chosen among their tokens by the OT-optimal per-position selection of
+  `spectr_jax.optimal` (`select`), whose law given the history is r_t = optimal_plan(
+  p(. | Z^t), q(. | Z^t), k_t).r_V; run "block" on Z with r_t in place of p (r_t depends
+  only on the history, known before Z_{t+1} is drawn).
 
+At L = 1 this is the token-level optimal verifier (accept sum min(r, q) = alpha*).
 With K = 1, r = p and "gbv" is "block" (with the same randomness).
 
 Every token is drawn with `sampling.categorical`. All functions are pure, jit/vmap-able
@@ -38,36 +40,37 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from spectr_jax import acceptance, checks
+from spectr_jax import acceptance, checks, optimal
 from spectr_jax.sampling import categorical
 
-__all__ = ["METHODS", "BlockPlan", "block_plan", "block_verify", "selection_law"]
+__all__ = ["METHODS", "BlockPlan", "block_plan", "block_verify", "select"]
 
 METHODS = ("block", "gbv")
 
 
-def selection_law(p_V, q_V, k):
-  """Law of the greedy choice among k i.i.d. drafts ~ p: the one of highest q/p.
+def select(u_level, u_pick, drafts_K, valid_K, plan: optimal.OptimalPlan):
+  """The draft Z that `optimal`'s rule selects (module docstring of `spectr_jax.optimal`).
 
-  Tokens are ranked by q/p descending (ties by token id; p = 0 never drafted). With
-  u_j = 1 - (p-mass of the j best tokens), the best of k drafts is the j-th token with
-  probability u_{j-1}^k - u_j^k.
+  Breakpoints of level >= 1 - u_level cut the slots into groups; Z is draft
+  floor(u_pick * count) of the earliest group holding a valid draft. Its law given the
+  history is `plan.r_V`.
 
   Args:
-    p_V, q_V: draft and target distributions. k: number of drafts (traced int; 0 gives 0).
+    u_level, u_pick: uniforms in [0, 1). drafts_K, valid_K: the drafts and their mask.
+    plan: `optimal.optimal_plan(p, q, sum(valid_K))`.
 
   Returns:
-    (r_V, rank_V): the law of the chosen token, and each token's rank (0 = best).
+    The index into drafts_K of Z.
   """
-  ratio_V = jnp.where(p_V > 0, q_V / jnp.where(p_V > 0, p_V, 1.0), -1.0)
-  order_V = jnp.argsort(-ratio_V, stable=True)
-  rank_V = jnp.zeros_like(order_V).at[order_V].set(jnp.arange(order_V.shape[0]))
-  k_f = jnp.asarray(k, p_V.dtype)
-  u_after = jnp.clip(1.0 - jnp.cumsum(p_V[order_V]), 0.0, 1.0)
-  u_before = jnp.concatenate([jnp.ones((1,), p_V.dtype), u_after[:-1]])
-  r_sorted = jnp.where(k_f > 0, u_before**k_f - u_after**k_f, 0.0)
-  r_sorted = jnp.where(p_V[order_V] > 0, jnp.maximum(r_sorted, 0.0), 0.0)
-  return jnp.zeros_like(r_sorted).at[order_V].set(r_sorted), rank_V
+  vocab = plan.slot_V.shape[0]
+  slot_K = jnp.where(valid_K, plan.slot_V[drafts_K], vocab + 1)
+  first = jnp.min(slot_K)
+  active_V1 = (jnp.arange(vocab + 1) >= first) & (plan.levels_V1 >= 1.0 - u_level)
+  end = jnp.min(jnp.where(active_V1, jnp.arange(vocab + 1), vocab))
+  in_group_K = valid_K & (slot_K <= end)
+  count = jnp.sum(in_group_K)
+  pick = jnp.minimum(jnp.floor(u_pick * count).astype(jnp.int32), count - 1)
+  return jnp.argmax(in_group_K & (jnp.cumsum(in_group_K) - 1 == pick))
 
 
 class BlockPlan(NamedTuple):
@@ -89,8 +92,9 @@ class BlockPlan(NamedTuple):
   rep: jax.Array
 
 
-def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockPlan:
-  """The deterministic part of "gbv" (= "block" for K = 1): path selection and weights."""
+def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, select_u_Lx2) -> BlockPlan:
+  """Path selection and weights of "gbv" (= "block" for K = 1), given the selection
+  uniforms `select_u_Lx2` in [0, 1) (two per depth, see `select`)."""
   num_drafts, draft_len = drafts_KxL.shape
   alive_K = jnp.ones((num_drafts,), bool)
   weight = jnp.float32(1.0)
@@ -100,10 +104,13 @@ def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockPlan:
     rep = jnp.argmax(alive_K)
     p_V, q_V = p_KxLxV[rep, t], q_KxL1xV[rep, t]
     k = jnp.sum(alive_K)
-    r_V, rank_V = selection_law(p_V, q_V, k)
     x_K = drafts_KxL[:, t]
-    best = jnp.argmin(jnp.where(alive_K, rank_V[x_K], rank_V.shape[0]))
-    z = x_K[best]
+    if num_drafts == 1:  # the only draft: its law is p
+      r_V, z = p_V, x_K[0]
+    else:
+      node = optimal.optimal_plan(p_V, q_V, k, max_k=num_drafts)
+      r_V = node.r_V
+      z = x_K[select(select_u_Lx2[t, 0], select_u_Lx2[t, 1], x_K, alive_K, node)]
     r_z = r_V[z]
     weight = jnp.minimum(1.0, weight * jnp.where(r_z > 0, q_V[z] / jnp.where(r_z > 0, r_z, 1.0), 0))
     path.append(z)
@@ -137,8 +144,8 @@ def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockPlan:
 
 def _verify(key, drafts_KxL, p_KxLxV, q_KxL1xV):
   draft_len = drafts_KxL.shape[1]
-  plan = block_plan(drafts_KxL, p_KxLxV, q_KxL1xV)
-  stop_key, residual_key = jax.random.split(key)
+  select_key, stop_key, residual_key = jax.random.split(key, 3)
+  plan = block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, jax.random.uniform(select_key, (draft_len, 2)))
   eta_L1 = jax.random.uniform(stop_key, (draft_len + 1,)).at[0].set(0.0)
   index_L1 = jnp.arange(draft_len + 1)
   tau = jnp.max(jnp.where(eta_L1 <= plan.stop_L1, index_L1, 0))

@@ -5,9 +5,10 @@ A *tree* is a pair of tables `p_tab`, `q_tab` of shape (L + 1) x V^L x V:
 (first token most significant); likewise `q_tab` (row t = L is the bonus law). K draft
 paths are drawn i.i.d. from p's sequence law.
 
-- `tree_blocks`: every ordered K-tuple of paths as `verify_block` inputs, with its weight.
 - `block_value`, `block_law`: the exact expected tokens per round and the exact output law
-  of `block.block_verify` ("block" / "gbv"), from its plan (no sampling).
+  of `block.block_verify` ("block" / "gbv"): every K-tuple of paths and every outcome of
+  the path selection enumerated, float64 (the per-node selection plans come from
+  `optimal.optimal_plan`, as in the library).
 - `block_bound`: the largest expected tokens per round of ANY exact verifier that sees the
   K paths (and every probability of the tree): the multi-path verification LP, solved by
   HiGHS over multisets of paths. Needs scipy (imported inside the function).
@@ -18,17 +19,11 @@ Cost grows as V^(L K); meant for V^(L K) <= 4096.
 import itertools
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import block
+from spectr_jax import optimal
 
-__all__ = ["block_bound", "block_law", "block_value", "path_probs", "tree_blocks"]
-
-
-def _digits(code: int, length: int, vocab: int) -> list[int]:
-  return [(code // vocab ** (length - 1 - t)) % vocab for t in range(length)]
+__all__ = ["block_bound", "block_law", "block_value", "path_probs", "selection_probs"]
 
 
 def path_probs(p_tab, draft_len: int) -> np.ndarray:
@@ -40,44 +35,107 @@ def path_probs(p_tab, draft_len: int) -> np.ndarray:
   return probs
 
 
-def tree_blocks(p_tab, q_tab, num_drafts: int, draft_len: int):
-  """All V^(L K) ordered K-tuples of draft paths, as `verify_block` inputs.
+def selection_probs(x, levels_V1, slot_V) -> dict[int, float]:
+  """P(Z = token | drafts x) for the selection rule of `block.select` (and `optimal`).
 
-  Returns (weight_N, drafts_NxKxL, p_NxKxLxV, q_NxKxL1xV), N = V^(L K), float64 weights.
+  Integrates over the level uniform exactly: between consecutive distinct levels the
+  active breakpoints do not change; the pick is uniform over the group's drafts.
   """
+  slots = [int(slot_V[xi]) for xi in x]
+  first = min(slots)
+  out, prev = {}, 0.0
+  for level in np.unique(levels_V1[levels_V1 > 0]):
+    end = min(j for j in range(first, len(levels_V1)) if levels_V1[j] >= level)
+    group = [xi for xi, s in zip(x, slots, strict=True) if s <= end]
+    for xi in group:
+      out[int(xi)] = out.get(int(xi), 0.0) + (level - prev) / len(group)
+    prev = level
+  return out
+
+
+class _Tree:
+  """Per-node plans of the selection rule, cached (float32 like the library, then f64)."""
+
+  def __init__(self, p_tab, q_tab, draft_len):
+    self.p_tab, self.q_tab, self.draft_len = p_tab, q_tab, draft_len
+    self.vocab = p_tab.shape[-1]
+    self._plans = {}
+
+  def node(self, t, code, k):
+    if (t, code, k) not in self._plans:
+      plan = optimal.optimal_plan(
+        np.float32(self.p_tab[t, code]), np.float32(self.q_tab[t, code]), k
+      )
+      self._plans[(t, code, k)] = (
+        np.asarray(plan.levels_V1, np.float64),
+        np.asarray(plan.slot_V),
+        np.asarray(plan.r_V, np.float64),
+      )
+    return self._plans[(t, code, k)]
+
+  def outcomes(self, paths):
+    """Every outcome of "gbv"'s path selection for the draft paths (token tuples).
+
+    Yields (prob, path, weight_L1, stop_L1, draft_L1xV, target_L1xV) as in `BlockPlan`.
+    """
+    draft_len, vocab = self.draft_len, self.vocab
+    stack = [(0, 0, tuple(paths), 1.0, [1.0], [], [], [])]
+    while stack:
+      t, code, alive, prob, weights, path, drafts, targets = stack.pop()
+      q = self.q_tab[t, code]
+      if t == draft_len:
+        draft_rows = np.array(drafts + [np.zeros(vocab)])
+        target_rows = np.array(targets + [q])
+        w = np.array(weights)
+        rho = np.maximum(w[:, None] * target_rows - draft_rows, 0).sum(axis=1)
+        denom = rho + 1 - w
+        stop = np.where(denom > 0, rho / np.where(denom > 0, denom, 1), 0)
+        stop[draft_len], stop[0] = w[draft_len], 1.0
+        yield prob, path, w, stop, draft_rows, target_rows
+        continue
+      p = self.p_tab[t, code]
+      x = [a[t] for a in alive]
+      if len(alive) == 1:
+        r, choice = p, {x[0]: 1.0}
+      else:
+        levels, slot, r = self.node(t, code, len(alive))
+        choice = selection_probs(x, levels, slot)
+      for z, pz in choice.items():
+        w = min(1.0, weights[-1] * q[z] / r[z]) if r[z] > 0 else 0.0
+        stack.append(
+          (
+            t + 1,
+            code * vocab + z,
+            tuple(a for a in alive if a[t] == z),
+            prob * pz,
+            weights + [w],
+            path + [z],
+            drafts + [r],
+            targets + [q],
+          )
+        )
+
+
+def _tuples(p_tab, num_drafts, draft_len):
   vocab = p_tab.shape[-1]
-  num_paths = vocab**draft_len
-  tokens_PxL = np.array([_digits(c, draft_len, vocab) for c in range(num_paths)], np.int32)
-  prefix_PxL1 = np.array(
-    [[c // vocab ** (draft_len - t) for t in range(draft_len + 1)] for c in range(num_paths)]
-  )
-  t_idx = np.arange(draft_len + 1)
-  p_PxLxV = p_tab[t_idx[:-1], prefix_PxL1[:, :-1]]
-  q_PxL1xV = q_tab[t_idx, prefix_PxL1]
+  paths = list(itertools.product(range(vocab), repeat=draft_len))
   probs = path_probs(p_tab, draft_len)
-  tuples_NxK = np.array(list(itertools.product(range(num_paths), repeat=num_drafts)))
-  weight_N = np.prod(probs[tuples_NxK], axis=1)
-  return weight_N, tokens_PxL[tuples_NxK], p_PxLxV[tuples_NxK], q_PxL1xV[tuples_NxK]
-
-
-@jax.jit
-def _plans(drafts_NxKxL, p_NxKxLxV, q_NxKxL1xV):
-  return jax.vmap(block.block_plan)(drafts_NxKxL, p_NxKxLxV, q_NxKxL1xV)
-
-
-def _tree_plans(p_tab, q_tab, num_drafts, draft_len):
-  weight_N, drafts, p, q = tree_blocks(p_tab, q_tab, num_drafts, draft_len)
-  plan = _plans(jnp.asarray(drafts), jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32))
-  return weight_N, jax.tree.map(lambda x: np.asarray(x, np.float64), plan)
+  for idx in itertools.product(range(len(paths)), repeat=num_drafts):
+    yield np.prod(probs[list(idx)]), [paths[i] for i in idx]
 
 
 def block_value(p_tab, q_tab, num_drafts: int, draft_len: int) -> float:
   """Exact E[tokens per round] of `block.block_verify`: 1 + E[sum_{i=1..L} w_i].
 
-  ("block" for K = 1, "gbv" for any K; P(tau >= i | history) = w_i.)
+  ("block" for K = 1, "gbv" for any K; P(tau >= i | history) = w_i.) Enumerates every
+  K-tuple of paths and every outcome of the selection.
   """
-  weight_N, plan = _tree_plans(p_tab, q_tab, num_drafts, draft_len)
-  return float(1.0 + weight_N @ plan.weight_L1[:, 1:].sum(axis=1))
+  tree = _Tree(p_tab, q_tab, draft_len)
+  value = 1.0
+  for weight, paths in _tuples(p_tab, num_drafts, draft_len):
+    for prob, _, w, _, _, _ in tree.outcomes(paths):
+      value += weight * prob * w[1:].sum()
+  return float(value)
 
 
 def block_law(p_tab, q_tab, num_drafts: int, draft_len: int):
@@ -87,32 +145,28 @@ def block_law(p_tab, q_tab, num_drafts: int, draft_len: int):
   num_tokens (index 1..L+1; index 0 is 0). Exactness means law = the target's law.
   """
   vocab = p_tab.shape[-1]
-  weight_N, plan = _tree_plans(p_tab, q_tab, num_drafts, draft_len)
+  tree = _Tree(p_tab, q_tab, draft_len)
   law = np.zeros(vocab ** (draft_len + 1))
   num_law = np.zeros(draft_len + 2)
-  for n, weight in enumerate(weight_N):
-    stop = plan.stop_L1[n]
-    after = np.concatenate([np.cumprod(1 - stop[::-1])[::-1][1:], [1.0]])
-    tau_law = stop * after  # P(tau = i) = h_i prod_{j > i} (1 - h_j)
-    path = plan.path_L[n].astype(int)
-    for tau in range(draft_len + 1):
-      if tau_law[tau] <= 0:
-        continue
-      target = plan.target_L1xV[n, tau]
-      if tau == draft_len:
-        y_law = target
-      else:
-        left = np.maximum(plan.weight_L1[n, tau] * target - plan.draft_L1xV[n, tau], 0)
-        y_law = left / left.sum() if left.sum() > 0 else target
-      num_law[tau + 1] += weight * tau_law[tau]
-      code = 0
-      for t in range(tau):
-        code = code * vocab + path[t]
-      prefix_law = np.zeros(vocab ** (tau + 1))
-      prefix_law[code * vocab : (code + 1) * vocab] = weight * tau_law[tau] * y_law
-      for t in range(tau + 1, draft_len + 1):  # complete with exact target draws
-        prefix_law = (prefix_law[:, None] * q_tab[t, : vocab**t]).ravel()
-      law += prefix_law
+  for weight, paths in _tuples(p_tab, num_drafts, draft_len):
+    for prob, path, w, stop, draft_rows, target_rows in tree.outcomes(paths):
+      after = np.concatenate([np.cumprod(1 - stop[::-1])[::-1][1:], [1.0]])
+      tau_law = weight * prob * stop * after  # P(tau = i) = h_i prod_{j > i} (1 - h_j)
+      for tau in range(draft_len + 1):
+        if tau_law[tau] <= 0:
+          continue
+        target = target_rows[tau]
+        left = np.maximum(w[tau] * target - draft_rows[tau], 0)
+        y_law = left / left.sum() if tau < draft_len and left.sum() > 0 else target
+        num_law[tau + 1] += tau_law[tau]
+        code = 0
+        for z in path[:tau]:
+          code = code * vocab + z
+        prefix_law = np.zeros(vocab ** (tau + 1))
+        prefix_law[code * vocab : (code + 1) * vocab] = tau_law[tau] * y_law
+        for t in range(tau + 1, draft_len + 1):  # complete with exact target draws
+          prefix_law = (prefix_law[:, None] * q_tab[t, : vocab**t]).ravel()
+        law += prefix_law
   return law, num_law
 
 
