@@ -209,6 +209,7 @@ def test_rejects_block_without_residual_correction(monkeypatch):
   stats.assert_rejects(np.bincount(codes, minlength=law.size), law, "block residual = q")
 
 
+@pytest.mark.slow
 def test_rejects_gbv_verified_against_p(monkeypatch):
   """GBV must verify the selected path against the selection law r, not against p."""
   plan_fn = optimal.optimal_plan
