@@ -1,0 +1,289 @@
+"""Block verification ("block", "gbv") and the block-level LP bound.
+
+Exactness is checked twice: exactly, by enumerating every K-tuple of draft paths and the
+verifier's own plan (`block_bound.block_law`, no sampling), and statistically, by
+sampling `block.block_verify` end to end and completing each output with exact target
+draws (as tests/test_verify.py does for `verify_block`), chi-square at the suite's level.
+Broken variants (no residual correction; the wrong draft law) must be rejected.
+"""
+
+import importlib.util
+import itertools
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spectr_jax import acceptance, block, block_bound, optimal, sampling
+from tests import stats
+
+N = 100_000
+N_GBV = 30_000  # gbv runs optimal_plan per depth (sequential passes under vmap): fewer draws
+TOY_P, TOY_Q = np.array([1 / 3, 2 / 3]), np.array([2 / 3, 1 / 3])
+
+
+def _tree(seed, vocab, draft_len, conc=0.7):
+  rng = np.random.default_rng(seed)
+  shape = (draft_len + 1, vocab**draft_len)
+  return rng.dirichlet(np.full(vocab, conc), size=shape), rng.dirichlet(
+    np.full(vocab, conc), size=shape
+  )
+
+
+def _constant_tree(p, q, draft_len):
+  shape = (draft_len + 1, len(p) ** draft_len, len(p))
+  return np.broadcast_to(p, shape).copy(), np.broadcast_to(q, shape).copy()
+
+
+def _target_law(q_tab, draft_len):
+  vocab = q_tab.shape[-1]
+  law = np.ones(1)
+  for t in range(draft_len + 1):
+    law = (law[:, None] * q_tab[t, : vocab**t]).ravel()
+  return law
+
+
+def _sd_value(p_tab, q_tab, draft_len):
+  """Exact E[tokens] of token-level "sd": 1 + sum over prefixes x^i of
+  p(x^i) prod_{j <= i} min(1, q(x_j | x^{j-1}) / p(x_j | x^{j-1}))."""
+  vocab = p_tab.shape[-1]
+  value = 1.0
+  for length in range(1, draft_len + 1):
+    for prefix in itertools.product(range(vocab), repeat=length):
+      prob, accept, code = 1.0, 1.0, 0
+      for t, x in enumerate(prefix):
+        prob *= p_tab[t, code, x]
+        accept *= min(1.0, q_tab[t, code, x] / p_tab[t, code, x])
+        code = code * vocab + x
+      value += prob * accept
+  return value
+
+
+def test_sd_value_matches_closed_form():
+  p_tab, q_tab = _constant_tree(TOY_P, TOY_Q, 2)
+  assert _sd_value(p_tab, q_tab, 2) == pytest.approx(19 / 9)
+
+
+def test_toy_example_block_is_20_over_9():
+  """Sun et al.'s example: token verification 19/9, block verification 20/9 (optimal)."""
+  p_tab, q_tab = _constant_tree(TOY_P, TOY_Q, 2)
+  assert block_bound.block_value(p_tab, q_tab, 1, 2) == pytest.approx(20 / 9, abs=1e-6)
+  assert block_bound.block_bound(p_tab, q_tab, 1, 2) == pytest.approx(20 / 9, abs=1e-9)
+  assert _sd_value(p_tab, q_tab, 2) == pytest.approx(19 / 9)
+
+
+@pytest.mark.parametrize("vocab, draft_len", [(2, 1), (2, 3), (3, 2), (4, 2)])
+def test_block_never_below_sd(vocab, draft_len):
+  for seed in range(6):
+    p_tab, q_tab = _tree(100 + seed, vocab, draft_len, conc=(0.3, 1.0, 3.0)[seed % 3])
+    block_value = block_bound.block_value(p_tab, q_tab, 1, draft_len)
+    assert block_value >= _sd_value(p_tab, q_tab, draft_len) - 1e-5
+
+
+@pytest.mark.parametrize(
+  "num_drafts, vocab, draft_len", [(1, 3, 2), (1, 2, 3), (2, 3, 2), (3, 2, 2)]
+)
+def test_exact_output_law_by_enumeration(num_drafts, vocab, draft_len):
+  """Sum over every K-tuple of paths of the plan's exact output law = the target law."""
+  p_tab, q_tab = _tree(7, vocab, draft_len)
+  law, num_law = block_bound.block_law(p_tab, q_tab, num_drafts, draft_len)
+  np.testing.assert_allclose(law, _target_law(q_tab, draft_len), atol=2e-6)
+  value = block_bound.block_value(p_tab, q_tab, num_drafts, draft_len)
+  assert num_law @ np.arange(draft_len + 2) == pytest.approx(value, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+  "num_drafts, vocab, draft_len", [(1, 3, 2), (2, 2, 2), (3, 2, 2), (2, 3, 1)]
+)
+def test_bound_is_block_for_one_draft_and_above_gbv(num_drafts, vocab, draft_len):
+  p_tab, q_tab = _tree(11, vocab, draft_len, conc=1.0)
+  bound = block_bound.block_bound(p_tab, q_tab, num_drafts, draft_len)
+  value = block_bound.block_value(p_tab, q_tab, num_drafts, draft_len)
+  assert 1.0 <= bound <= draft_len + 1 + 1e-9
+  if num_drafts == 1:
+    assert value == pytest.approx(bound, abs=1e-5)  # Sun et al.: block verification is optimal
+  else:
+    assert value <= bound + 1e-5
+
+
+@pytest.mark.parametrize("k", [3])
+def test_selection_law(k):
+  """The selection's exact law (summed over all k-tuples) and its sampled law are r."""
+  rng = np.random.default_rng(k)
+  p, q = rng.dirichlet(np.ones(5)), rng.dirichlet(np.ones(5))
+  plan = optimal.optimal_plan(jnp.float32(p), jnp.float32(q), k)
+  r = np.asarray(plan.r_V, np.float64)
+  levels, slot = np.asarray(plan.levels_V1, np.float64), np.asarray(plan.slot_V)
+  exact = np.zeros(5)
+  for x in itertools.product(range(5), repeat=k):
+    for z, prob in block_bound.selection_probs(x, levels, slot).items():
+      exact[z] += np.prod(p[list(x)]) * prob
+  np.testing.assert_allclose(exact, r, atol=1e-6)
+
+  @jax.jit
+  @jax.vmap
+  def sample(key):
+    draft_key, level_key, pick_key = jax.random.split(key, 3)
+    x_K = jax.vmap(sampling.categorical, (0, None))(jax.random.split(draft_key, k), p)
+    index = block.select(
+      jax.random.uniform(level_key), jax.random.uniform(pick_key), x_K, jnp.ones(k, bool), plan
+    )
+    return x_K[index]
+
+  z = np.asarray(sample(jax.random.split(jax.random.key(k), N_GBV)))
+  stats.assert_law(np.bincount(z, minlength=5), r / r.sum(), f"selection k={k}")
+
+
+# End to end: sampled blocks completed with exact target draws.
+
+
+def _sample_blocks(key, p_tab, q_tab, num_drafts, draft_len, verify_fn, n=N):
+  """Runs `verify_fn(key, drafts, p, q) -> (tokens_L1, num)` on n blocks.
+
+  Returns numpy (codes_N, num_tokens_N): the base-V code of the completed L + 1 tokens.
+  """
+  vocab = p_tab.shape[-1]
+  p_j, q_j = jnp.float32(p_tab), jnp.float32(q_tab)
+
+  def one(key):
+    draft_key, verify_key, extend_key = jax.random.split(key, 3)
+    codes_K = jnp.zeros((num_drafts,), jnp.int32)
+    drafts, ps, qs = [], [], []
+    for t in range(draft_len):
+      ps.append(p_j[t, codes_K])
+      qs.append(q_j[t, codes_K])
+      keys = jax.random.split(jax.random.fold_in(draft_key, t), num_drafts)
+      x_K = jax.vmap(sampling.categorical)(keys, ps[-1])
+      drafts.append(x_K)
+      codes_K = codes_K * vocab + x_K
+    qs.append(q_j[draft_len, codes_K])
+    tokens_L1, num = verify_fn(verify_key, jnp.stack(drafts, 1), jnp.stack(ps, 1), jnp.stack(qs, 1))
+    code = jnp.int32(0)
+    for t in range(draft_len + 1):
+      draw = sampling.categorical(jax.random.fold_in(extend_key, t), q_j[t, code])
+      code = code * vocab + jnp.where(t < num, tokens_L1[t], draw)
+    return code, num
+
+  codes, nums = jax.jit(jax.vmap(one))(jax.random.split(key, n))
+  return np.asarray(codes), np.asarray(nums)
+
+
+def _fresh(key, drafts, p, q):
+  """The verifier traced afresh, so that monkeypatched helpers take effect."""
+  tokens_L1, num, _ = block._verify(key, drafts, p, q)
+  return tokens_L1, num
+
+
+@pytest.mark.parametrize(
+  "method, num_drafts, vocab, draft_len, n",
+  [
+    ("block", 1, 3, 2, N),
+    ("gbv", 3, 3, 2, N_GBV),
+    pytest.param("gbv", 2, 2, 3, N, marks=pytest.mark.slow),
+  ],
+)
+def test_sampled_sequence_law_and_tokens_per_round(method, num_drafts, vocab, draft_len, n):
+  p_tab, q_tab = _tree(3, vocab, draft_len)
+
+  def verify_fn(key, d, p, q):
+    return block.block_verify(key, d, p, q, method=method)
+
+  codes, nums = _sample_blocks(
+    jax.random.key(5), p_tab, q_tab, num_drafts, draft_len, verify_fn, n=n
+  )
+  law = _target_law(q_tab, draft_len)
+  stats.assert_law(np.bincount(codes, minlength=law.size), law, f"{method} K={num_drafts}")
+  assert nums.min() >= 1 and nums.max() <= draft_len + 1
+  expected = block_bound.block_value(p_tab, q_tab, num_drafts, draft_len)
+  stats.assert_mean(nums, expected, f"{method} K={num_drafts} tokens per round")
+
+
+def test_rejects_block_without_residual_correction(monkeypatch):
+  """Drawing the correction from q(. | X^tau) instead of the block residual is wrong."""
+  monkeypatch.setattr(acceptance, "residual", lambda target_V, mass_V: target_V)
+  p_tab, q_tab = _constant_tree(TOY_P, TOY_Q, 2)
+  codes, _ = _sample_blocks(jax.random.key(5), p_tab, q_tab, 1, 2, _fresh)
+  law = _target_law(q_tab, 2)
+  stats.assert_rejects(np.bincount(codes, minlength=law.size), law, "block residual = q")
+
+
+@pytest.mark.slow
+def test_rejects_gbv_verified_against_p(monkeypatch):
+  """GBV must verify the selected path against the selection law r, not against p."""
+  plan_fn = optimal.optimal_plan
+  monkeypatch.setattr(
+    optimal, "optimal_plan", lambda p_V, q_V, k, **kw: plan_fn(p_V, q_V, k, **kw)._replace(r_V=p_V)
+  )
+  p_tab, q_tab = _tree(3, 3, 2)
+  codes, _ = _sample_blocks(jax.random.key(5), p_tab, q_tab, 3, 2, _fresh, n=N_GBV)
+  law = _target_law(q_tab, 2)
+  stats.assert_rejects(np.bincount(codes, minlength=law.size), law, "gbv against p")
+
+
+def test_gbv_with_one_draft_is_block_and_vmaps():
+  p_tab, q_tab = _tree(5, 3, 2)
+  drafts = jnp.asarray([[0, 2]], jnp.int32)
+  p = jnp.float32(np.stack([p_tab[0, 0], p_tab[1, 0]]))[None]
+  q = jnp.float32(np.stack([q_tab[0, 0], q_tab[1, 0], q_tab[2, 2]]))[None]
+  keys = jax.random.split(jax.random.key(0), 64)
+  runs = {
+    m: jax.jit(jax.vmap(lambda k, m=m: block.block_verify(k, drafts, p, q, method=m)))(keys)
+    for m in block.METHODS
+  }
+  for a, b in zip(runs["block"], runs["gbv"], strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  tokens, nums = runs["block"]
+  assert tokens.shape == (64, 3) and nums.shape == (64,)
+  assert np.all((np.asarray(nums) >= 1) & (np.asarray(nums) <= 3))
+
+
+def test_identical_models_accept_everything():
+  """With p = q every weight is 1: L tokens of the greedy path, then the bonus."""
+  drafts = jnp.asarray([[0, 1, 2], [0, 1, 3], [1, 1, 1]], jnp.int32)
+  tokens, num, plan = block.block_verify(
+    jax.random.key(0),
+    drafts,
+    jnp.full((3, 3, 4), 0.25),
+    jnp.full((3, 4, 4), 0.25),
+    return_plan=True,
+  )
+  assert int(num) == 4
+  np.testing.assert_array_equal(np.asarray(plan.weight_L1), 1.0)
+  assert int(plan.survivors_L1[0]) == 3 and int(plan.survivors_L1[3]) == 0
+  np.testing.assert_array_equal(np.asarray(tokens[:3]), np.asarray(plan.path_L))
+
+
+@pytest.mark.parametrize(
+  "method, num_drafts, message",
+  [("beam", 1, "unknown block verification method"), ("block", 2, "single draft")],
+)
+def test_bad_input(method, num_drafts, message):
+  drafts = jnp.zeros((num_drafts, 2), jnp.int32)
+  with pytest.raises(ValueError, match=message):
+    block.block_verify(
+      jax.random.key(0),
+      drafts,
+      jnp.full((num_drafts, 2, 2), 0.5),
+      jnp.full((num_drafts, 3, 2), 0.5),
+      method=method,
+    )
+
+
+@pytest.mark.slow
+def test_table_core_on_a_few_cases():
+  """scripts/block_table.py's core: the bound is above every method; K = 1 block = bound."""
+  path = pathlib.Path(__file__).parents[1] / "scripts" / "block_table.py"
+  spec = importlib.util.spec_from_file_location("block_table", path)
+  table = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(table)
+  chosen = table.cases(12, 0)
+  rows = [table.case_values(p, q, k, n) for _, _, n, k, p, q in chosen[:2] + chosen[10:18]]
+  for row in rows:
+    assert all(row[c] <= row["bound"] + 1e-5 for c in table.COLUMNS if c in row)
+    if "block" in row:
+      assert row["block"] == pytest.approx(row["bound"], abs=1e-5)
+      assert row["block"] >= row["sd"] - 1e-6
+  assert rows[0]["block"] == pytest.approx(20 / 9, abs=1e-6)
+  assert rows[0]["sd"] == pytest.approx(19 / 9, abs=1e-6)
