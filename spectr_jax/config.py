@@ -21,11 +21,11 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spectr_jax import acceptance, verify
+from spectr_jax import acceptance, engine
 from spectr_jax.data import EOS_ID, DataConfig, default_workdir
 from spectr_jax.models import ModelConfig, get_model_config
 
-METHODS = ("autoregressive",) + verify.METHODS
+METHODS = engine.METHODS  # "autoregressive" and every method of `verify.METHODS`.
 PAIR_KINDS = ("embedded", "trained", "pretrained")
 
 
