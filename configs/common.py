@@ -54,7 +54,7 @@ def train_config(
     warmup_steps: linear warm-up steps.
 
   Returns:
-    The ConfigDict that `spectr_jax.train.TrainConfig.from_dict` converts.
+    The ConfigDict that `spectr_jax.config.TrainConfig.from_dict` converts.
   """
   arg = parse_arg(arg, runlocal=False, test=False, source="embedded", path="", seed=0)
   small = arg.runlocal or arg.test

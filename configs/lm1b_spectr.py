@@ -9,44 +9,50 @@ ARG (comma-separated, see `configs.common.parse_arg`):
   source=NAME      the data of the pair: embedded (default), lm1b_text or tfds;
   path=DIR         the LM1B text directory (lm1b_text) or TFDS data_dir (tfds).
 Each source has its own pair ($SPECTR_WORKDIR/draft-<source>, ...; the embedded pair is
-$SPECTR_WORKDIR/draft and /target), trained on first use.
+$SPECTR_WORKDIR/draft and /target). A missing pair is an error naming the command that
+trains it, unless --config.pair.train_missing=True (the main job, scripts/reproduce.sh,
+passes it).
 """
 
 import ml_collections
 
 from configs import common, draft, target
-from spectr_jax import engine
+from spectr_jax import config as config_lib
 
-# The paper's methods and the optimal verifier, as far as this build's engine has them.
+# The paper's methods and the optimal verifier, as far as this build has them.
 METHODS = tuple(
-  m for m in ("autoregressive", "sd", "kseq", "specinfer", "optimal") if m in engine.METHODS
+  m for m in ("autoregressive", "sd", "kseq", "specinfer", "optimal") if m in config_lib.METHODS
 )
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  """Returns the sweep config (`spectr_jax.experiment.SweepConfig.from_dict` converts it)."""
+  """Returns the sweep config (`spectr_jax.config.SweepConfig.from_dict` converts it)."""
   arg = common.parse_arg(arg, runlocal=False, test=False, source="embedded", path="")
   pair_arg = "test" if arg.test else f"source={arg.source},path={arg.path}"
   suffix = "-test" if arg.test else ("" if arg.source == "embedded" else f"-{arg.source}")
   c = ml_collections.ConfigDict()
   c.name = "lm1b_spectr" + suffix  # Results go to $SPECTR_WORKDIR/experiments/<name>.
   c.results_dir = ""  # Overrides that directory (relative to $SPECTR_WORKDIR unless absolute).
-  c.draft = draft.get_config(pair_arg)  # Training config of the draft (trained when missing).
-  c.target = target.get_config(pair_arg)  # Training config of the target (likewise).
-  c.draft_workdir = "draft" + suffix  # The draft's run directory (relative to $SPECTR_WORKDIR).
-  c.target_workdir = "target" + suffix  # The target's run directory.
+  c.pair = ml_collections.ConfigDict()
+  c.pair.kind = "embedded"  # "embedded" (trained here), "trained" (run dirs) or "pretrained".
+  c.pair.draft = draft.get_config(pair_arg)  # Training config of the draft.
+  c.pair.target = target.get_config(pair_arg)  # Training config of the target.
+  c.pair.draft_workdir = "draft" + suffix  # The draft's run directory (under $SPECTR_WORKDIR).
+  c.pair.target_workdir = "target" + suffix  # The target's run directory.
+  c.pair.train_missing = False  # Train a model whose final checkpoint is missing.
   c.methods = METHODS  # Decoding methods.
   c.num_drafts = (1, 2, 4, 8)  # K (K = 1 is "sd"; multi-draft methods take K >= 2).
   c.draft_lens = (2, 4, 8)  # L, draft tokens per round.
   c.rhos = ("star",)  # K-SEQ split factors: "star", "k" or numbers >= 1.
   c.seeds = (0, 1, 2)  # Each seed draws its own prompt set and decoding randomness.
-  c.temperature = 1.0  # Sampling temperature of both models.
-  c.top_k = 0  # Keep the top_k most likely tokens (0 = all).
-  c.top_p = 1.0  # Nucleus mass (1.0 = no truncation).
-  c.num_prompts = 1000  # Held-out sentence starts decoded per seed.
-  c.prompt_len = 8  # Sentence tokens per prompt (after BOS).
-  c.max_new_tokens = 64  # Tokens generated per prompt.
-  c.stop_at_eos = False  # Stop a row at EOS (False: decode on into the next sentence).
+  c.decoding = ml_collections.ConfigDict()
+  c.decoding.temperature = 1.0  # Sampling temperature of both models.
+  c.decoding.top_k = 0  # Keep the top_k most likely tokens (0 = all).
+  c.decoding.top_p = 1.0  # Nucleus mass (1.0 = no truncation).
+  c.decoding.num_prompts = 1000  # Held-out sentence starts decoded per seed.
+  c.decoding.prompt_len = 8  # Sentence tokens per prompt (after BOS).
+  c.decoding.max_new_tokens = 64  # Tokens generated per prompt.
+  c.decoding.stop_at_eos = False  # Stop a row at EOS (False: decode on into the next sentence).
   c.batch_size = 200  # Prompts per engine call (split over all devices when shard).
   c.shard = True  # Split each batch over all devices of all hosts (a data mesh).
   c.compilation_cache = "jax_cache"  # Persistent XLA cache dir ("" = none).
@@ -54,17 +60,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.name += "-runlocal"
     c.draft_lens = (4, 8)
     c.methods = ("autoregressive", "sd", "kseq")
-    c.num_prompts = 32
-    c.max_new_tokens = 48
+    c.decoding.num_prompts = 32
+    c.decoding.max_new_tokens = 48
     c.batch_size = 16
   if arg.test:
     c.methods = ("autoregressive", "sd", "kseq")
     c.num_drafts = (1, 2)
     c.draft_lens = (2,)
     c.seeds = (0, 1)
-    c.num_prompts = 3
-    c.prompt_len = 4
-    c.max_new_tokens = 6
+    c.decoding.num_prompts = 3
+    c.decoding.prompt_len = 4
+    c.decoding.max_new_tokens = 6
     c.batch_size = 2
     c.compilation_cache = ""
   return c

@@ -15,7 +15,7 @@ from configs import common, lm1b_spectr
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  """Returns the ablation config (`spectr_jax.analysis.RhoAblationConfig.from_dict`)."""
+  """Returns the ablation config (`spectr_jax.config.RhoAblationConfig.from_dict`)."""
   parsed = common.parse_arg(arg, runlocal=False, test=False, source="embedded", path="")
   c = ml_collections.ConfigDict()
   c.sweep = lm1b_spectr.get_config(arg)  # The decoding sweep: pair, prompts, sampling.

@@ -6,7 +6,8 @@ import json
 from absl import app
 from ml_collections import config_flags
 
-from spectr_jax import evaluate, train
+from spectr_jax import evaluate, runs
+from spectr_jax.config import EvalConfig
 from spectr_jax.data import default_workdir
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/eval_pair.py", "Evaluation config.")
@@ -18,9 +19,10 @@ def main(argv: list[str]) -> None:
   c = _CONFIG.value
   draft_workdir = c.draft_workdir or default_workdir() / "draft"
   target_workdir = c.target_workdir or default_workdir() / "target"
-  config = evaluate.EvalConfig(**{f: c[f] for f in evaluate.EvalConfig.__dataclass_fields__})
+  io_fields = ("draft_workdir", "target_workdir", "output")
+  config = EvalConfig.from_dict({k: v for k, v in c.to_dict().items() if k not in io_fields})
   output = c.output or f"{target_workdir}/pair_eval.json"
-  train.quiet_orbax_logging()
+  runs.quiet_orbax_logging()
   results = evaluate.evaluate_workdirs(draft_workdir, target_workdir, config, output)
   print(json.dumps({k: v for k, v in results.items() if not isinstance(v, list | dict)}, indent=2))
 

@@ -10,7 +10,8 @@ Writes <results dir>/report/{table.md,table.csv,*.png}.
 from absl import app, flags
 from ml_collections import config_flags
 
-from spectr_jax import experiment, report
+from spectr_jax import experiment, report, results
+from spectr_jax.config import SweepConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep or rho ablation config file.")
 _RESULTS_DIR = flags.DEFINE_string("results_dir", "", "Results directory (default: the config's).")
@@ -21,11 +22,16 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   if _CONFIG.value is None and not _RESULTS_DIR.value:
     raise app.UsageError("give --config or --results_dir")
-  config = None
-  if _CONFIG.value is not None:
-    values = _CONFIG.value.to_dict()
-    config = experiment.SweepConfig.from_dict(values.get("sweep", values))
-  print(report.write_report(_RESULTS_DIR.value or config.results_path, config))
+  if _CONFIG.value is None:
+    print(report.write_report(_RESULTS_DIR.value))
+    return
+  values = _CONFIG.value.to_dict()
+  config = SweepConfig.from_dict(values.get("sweep", values))
+  results_dir = _RESULTS_DIR.value or config.results_path
+  # The config's cells for the pair of the latest run (every record without a run).
+  fingerprint = results.latest_pair_fingerprint(results_dir)
+  keys = None if fingerprint is None else [c.key for c in experiment.expand(config, fingerprint)]
+  print(report.write_report(results_dir, keys))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
   python -m experiments.rho_ablation --config configs/rho_ablation.py[:runlocal]
 
+The pair must exist unless --config.sweep.pair.train_missing=True.
 Results: $SPECTR_WORKDIR/experiments/<sweep name>/{results.jsonl,analysis.json}; tables
 and plots: `python -m experiments.report --config configs/rho_ablation.py[:runlocal]`.
 """
@@ -9,7 +10,8 @@ and plots: `python -m experiments.report --config configs/rho_ablation.py[:runlo
 from absl import app, flags
 from ml_collections import config_flags
 
-from spectr_jax import analysis, sharding, train
+from spectr_jax import analysis, runs, sharding
+from spectr_jax.config import RhoAblationConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Rho ablation config file.")
 
@@ -18,9 +20,9 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   sharding.maybe_initialize_distributed()
-  train.quiet_orbax_logging()
+  runs.quiet_orbax_logging()
   config = _CONFIG.value.to_dict()
-  analysis.run_rho_ablation(analysis.RhoAblationConfig.from_dict(config), provenance_config=config)
+  analysis.run_rho_ablation(RhoAblationConfig.from_dict(config), provenance_config=config)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
   python -m experiments.sweep --config configs/lm1b_spectr.py[:runlocal]
 
+The pair must exist (scripts/train_pair.sh) unless --config.pair.train_missing=True.
 Results: $SPECTR_WORKDIR/experiments/<config name>/results.jsonl (one line per cell);
 tables and plots: `python -m experiments.report` with the same --config.
 """
@@ -9,7 +10,8 @@ tables and plots: `python -m experiments.report` with the same --config.
 from absl import app, flags
 from ml_collections import config_flags
 
-from spectr_jax import experiment, sharding, train
+from spectr_jax import config as config_lib
+from spectr_jax import experiment, runs, sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.")
 
@@ -18,9 +20,9 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   sharding.maybe_initialize_distributed()
-  train.quiet_orbax_logging()
+  runs.quiet_orbax_logging()
   config = _CONFIG.value.to_dict()
-  experiment.run_sweep(experiment.SweepConfig.from_dict(config), provenance_config=config)
+  experiment.run_sweep(config_lib.SweepConfig.from_dict(config), provenance_config=config)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import pathlib
 from absl import app, flags
 from ml_collections import config_flags
 
-from spectr_jax import train
+from spectr_jax import runs, train
+from spectr_jax.config import TrainConfig
 from spectr_jax.data import default_workdir
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
@@ -22,8 +23,8 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   stem = pathlib.Path(flags.FLAGS["config"].config_filename.split(":")[0]).stem
   workdir = _WORKDIR.value or default_workdir() / stem
-  train.quiet_orbax_logging()
-  train.train_or_load(train.TrainConfig.from_dict(_CONFIG.value.to_dict()), workdir)
+  runs.quiet_orbax_logging()
+  train.train_or_load(TrainConfig.from_dict(_CONFIG.value.to_dict()), workdir)
 
 
 if __name__ == "__main__":

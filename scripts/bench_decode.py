@@ -23,16 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import data, engine, train
-from spectr_jax.metrics import median_seconds, predicted_speedup
-from spectr_jax.models import (
-  ModelBundle,
-  Transformer,
-  count_params,
-  get_model_config,
-  init_params,
-  reset_tails,
-)
+from spectr_jax import data, engine, pairs, rounds
+from spectr_jax.config import DecodeSettings, PairConfig
+from spectr_jax.metrics import predicted_speedup
+from spectr_jax.models import ModelBundle, count_params, get_model_config, init_params, reset_tails
+from spectr_jax.timing import median_seconds
 
 DEFAULT_CONFIGS = (
   "autoregressive:1:0,sd:1:4,sd:1:8,kseq:2:4,kseq:4:4,kseq:8:4,specinfer:8:4,kseq:8:8"
@@ -42,9 +37,8 @@ DEFAULT_CONFIGS = (
 def load_pair(workdir):
   """The trained pair and held-out prompts, or random-weight models and random prompts."""
   try:
-    draft = train.load_bundle(workdir / "draft")
-    target = train.load_bundle(workdir / "target")
-    return draft, target, train.dataset_for(workdir / "target").heldout, "embedded pair"
+    pair = pairs.load_pair(PairConfig("trained", str(workdir / "draft"), str(workdir / "target")))
+    return pair.draft, pair.target, pair.heldout, "embedded pair"
   except (FileNotFoundError, ValueError) as error:
     print(f"no trained pair ({error}); using random-weight models of the same sizes")
   draft_config = get_model_config("draft-tiny", 4096)
@@ -75,9 +69,9 @@ def _per_call(step, carry, repeats, calls=16):
 
 def _component_times(spec, draft, target, prompts, lengths, repeats):
   """Seconds of one round's draft, target and verification steps, each timed alone."""
-  traced = engine._Traced(jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.int32(-1))
+  traced = rounds.Traced(jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.int32(-1))
   draft_params = draft.params if spec.draft_len else None
-  init = jax.jit(functools.partial(engine._init_state, spec))
+  init = jax.jit(functools.partial(rounds.init_state, spec))
   state = init(draft_params, target.params, prompts, lengths)
   keys = jax.random.split(jax.random.key(0), prompts.shape[0])
   times = {"draft": 0.0}
@@ -85,23 +79,19 @@ def _component_times(spec, draft, target, prompts, lengths, repeats):
   drafts = jnp.zeros((b, k, 0), jnp.int32)
   p = None
   if spec.draft_len:
-    draft_fn = jax.jit(functools.partial(engine._draft, spec, draft.params, traced=traced))
+    draft_fn = jax.jit(functools.partial(rounds.draft, spec, draft.params, traced=traced))
 
     def draft_step(carry):
       cache, keys = carry
-      d, _, cache, _ = engine._draft(spec, draft.params, cache, state, keys, traced)
+      d, _, cache, _ = rounds.draft(spec, draft.params, cache, state, keys, traced)
       return reset_tails(cache), jax.vmap(jax.random.fold_in)(keys, d[:, 0, 0])
 
     times["draft"] = _per_call(draft_step, (state.draft_cache, keys), repeats)
     drafts, p, _, _ = draft_fn(state.draft_cache, state, keys)
 
-  tokens = jnp.concatenate([jnp.broadcast_to(state.last_B[:, None, None], (b, k, 1)), drafts], 2)
-
   def score(cache):
-    logits, cache = Transformer(spec.target_config).apply(
-      {"params": target.params}, tokens, cache, method=Transformer.extend
-    )
-    return engine._probs(spec, logits, traced), reset_tails(cache)
+    q, cache, _ = rounds.score(spec, target.params, cache, state.last_B, drafts, traced)
+    return q, reset_tails(cache)
 
   def target_step(carry):
     return score(carry[1])
@@ -110,7 +100,7 @@ def _component_times(spec, draft, target, prompts, lengths, repeats):
   times["target"] = _per_call(target_step, (q, state.target_cache), repeats)
 
   def verify_step(keys):
-    out, _, _ = engine._verify(spec, keys, drafts, p, q, traced)
+    out, _, _ = rounds.verify_rows(spec, keys, drafts, p, q, traced)
     return jax.vmap(jax.random.fold_in)(keys, out[:, 0])
 
   times["verify"] = _per_call(verify_step, keys, repeats)
@@ -120,15 +110,16 @@ def _component_times(spec, draft, target, prompts, lengths, repeats):
   return times
 
 
-def bench(draft, target, prompts, lengths, configs, max_new_tokens, repeats):
+def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, repeats):
   cost_ratio = count_params(draft.params) / count_params(target.params)
+  max_new_tokens = settings.max_new_tokens
   rows = []
   for method, num_drafts, draft_len in configs:
     kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
     kw.update(method=method, num_drafts=num_drafts, draft_len=draft_len)
-    kw.update(max_new_tokens=max_new_tokens)
+    kw.update(max_new_tokens=max_new_tokens, **settings.sampling_args())
     run = functools.partial(engine.generate, **kw)
-    tokens_fn = lambda key, run=run: run(key).tokens_BxN
+    tokens_fn = lambda key, run=run: run(key).tokens_BxT
     seconds = median_seconds(tokens_fn, jax.random.key(0), repeats=repeats)
     out = run(jax.random.key(0))
     spec = engine.DecodeSpec(
@@ -199,7 +190,10 @@ def main():
     f"{count_params(target.params):,}; batch {args.batch}, {args.max_new_tokens} new tokens; "
     f"backend {jax.default_backend()}"
   )
-  rows = bench(draft, target, prompts, lengths, configs, args.max_new_tokens, args.repeats)
+  settings = DecodeSettings(
+    num_prompts=args.batch, prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens
+  )
+  rows = bench(draft, target, prompts, lengths, configs, settings, args.repeats)
   print()
   print(format_table(rows, rows[0]))
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from spectr_jax import sampling
-from spectr_jax.metrics import median_seconds
+from spectr_jax.timing import median_seconds
 
 
 def old_categorical(key, weights_V):

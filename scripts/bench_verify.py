@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from spectr_jax import sampling, verify
-from spectr_jax.metrics import median_seconds
+from spectr_jax.timing import median_seconds
 
 WIDTH = 1024
 

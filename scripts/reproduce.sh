@@ -14,8 +14,10 @@ ARG="${1:-runlocal}"
 start=$(date +%s)
 bash scripts/setup.sh
 PYTHON=.venv/bin/python
-"$PYTHON" -m experiments.sweep --config "configs/lm1b_spectr.py${ARG:+:$ARG}"
-"$PYTHON" -m experiments.rho_ablation --config "configs/rho_ablation.py${ARG:+:$ARG}"
+"$PYTHON" -m experiments.sweep --config "configs/lm1b_spectr.py${ARG:+:$ARG}" \
+  --config.pair.train_missing=True
+"$PYTHON" -m experiments.rho_ablation --config "configs/rho_ablation.py${ARG:+:$ARG}" \
+  --config.sweep.pair.train_missing=True
 for config in lm1b_spectr rho_ablation; do
   "$PYTHON" -m experiments.report --config "configs/${config}.py${ARG:+:$ARG}"
 done

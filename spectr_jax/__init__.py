@@ -1,6 +1,66 @@
 """spectr-jax: exact multi-draft speculative decoding (SpecTr / K-SEQ) in JAX.
 
-Shape letters used in names throughout the package:
-  B batch (prompts), K drafts, L draft length, L1 = L + 1, V vocabulary,
-  D model width, T time (new tokens in a call), S cache length, H heads, N layers.
+Shape letters used in names throughout the package (one meaning each; `x` separates
+axes, e.g. p_BxKxLxV):
+  B   batch: rows of one call (prompts, or training rows)
+  K   drafts                          L   draft length; L1 = L + 1, L2 = L + 2
+  V   vocabulary; V1 = V + 1          X   positions flattened into one axis
+  T   time: tokens along a sequence (the new tokens of a call); T1 = T + 1
+  P   prompt width (right-padded)     W   width of a token buffer (prompt + new tokens,
+                                          or the output buffer of a decode)
+  S   cache length (prefix slots)     R   cache tail slots (per draft)
+  D   model width; Dh head width      F   MLP width
+  H   attention heads; Hk key/value heads; G query heads per key/value head
+  N   layers                          M   candidate breakpoints (optimal verifier)
+  E   examples: rows of a data set (held-out rows) or prompts of one seed
+  Z   seeds of a sweep                I   bootstrap resamples
+
+Layers (imports go down only; tests/test_layers.py checks them):
+  entry points (experiments/, scripts/)
+  -> runner: experiment (sweeps), analysis (rho ablation), evaluate, pairs, train
+     beside it: config (the config boundary), runs and results (storage), report
+  -> engine (and its round pieces, rounds)
+  -> verify, models, data
+  -> acceptance, optimal, sampling (and checks, sharding, metrics, timing)
+
+The names below are importable from the package itself (`spectr_jax.generate`); they
+are loaded on first use, so importing one light module (e.g. `spectr_jax.report`) does
+not import JAX.
 """
+
+import importlib
+
+_EXPORTS = {
+  "generate": "engine",
+  "GenerateOutput": "engine",
+  "DecodeStats": "engine",
+  "METHODS": "engine",
+  "verify_block": "verify",
+  "kseq": "verify",
+  "specinfer": "verify",
+  "speculative_sampling": "verify",
+  "kseq_acceptance": "acceptance",
+  "specinfer_acceptance": "acceptance",
+  "optimal_acceptance": "acceptance",
+  "TrainConfig": "config",
+  "PairConfig": "config",
+  "DecodeSettings": "config",
+  "SweepConfig": "config",
+  "AnalysisConfig": "config",
+  "RhoAblationConfig": "config",
+  "EvalConfig": "config",
+  "Pair": "pairs",
+  "load_pair": "pairs",
+  "run_sweep": "experiment",
+  "run_rho_ablation": "analysis",
+  "load_bundle": "runs",
+  "load_results": "results",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(f"spectr_jax.{_EXPORTS[name]}"), name)
+  raise AttributeError(f"module 'spectr_jax' has no attribute {name!r}")

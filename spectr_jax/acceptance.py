@@ -247,6 +247,55 @@ def _optimal_acceptance(p_V, q_V, k):
   return jnp.minimum(jnp.min(cuts), 1.0)
 
 
+def _check_X(p_XxV, q_XxV, k) -> None:
+  """Shapes and k only: the batched forms take model outputs, too many to check on host."""
+  checks.shape("p_XxV", p_XxV, (None, None))
+  checks.shape("q_XxV", q_XxV, np.shape(p_XxV))
+  checks.num_drafts(k)
+
+
+@functools.partial(jax.jit, static_argnames="rho_mode")
+def _kseq_X(p_XxV, q_XxV, k, rho_value, *, rho_mode):
+  return jax.vmap(lambda p_V, q_V: _kseq_acceptance(p_V, q_V, k, rho_value, rho_mode=rho_mode))(
+    p_XxV, q_XxV
+  )
+
+
+def kseq_acceptance_X(p_XxV, q_XxV, k, rho="star") -> KSeqAcceptance:
+  """`kseq_acceptance` at X positions at once: each field of the result is [X].
+
+  Args:
+    p_XxV, q_XxV: draft and target distributions at X positions.
+    k: number of drafts (traced).
+    rho: "star", "k" or a number (see `split_rho`).
+  """
+  _check_X(p_XxV, q_XxV, k)
+  mode, value = split_rho(rho)
+  return _kseq_X(p_XxV, q_XxV, k, value, rho_mode=mode)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _specinfer_X(p_XxV, q_XxV, k):
+  return jax.vmap(lambda p_V, q_V: _specinfer_acceptance(p_V, q_V, k))(p_XxV, q_XxV)
+
+
+def specinfer_acceptance_X(p_XxV, q_XxV, k: int) -> jax.Array:
+  """`specinfer_acceptance` at X positions at once: [X]."""
+  _check_X(p_XxV, q_XxV, k)
+  return _specinfer_X(p_XxV, q_XxV, int(k))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _optimal_X(p_XxV, q_XxV, k):
+  return jax.vmap(_optimal_acceptance, (0, 0, None))(p_XxV, q_XxV, k)
+
+
+def optimal_acceptance_X(p_XxV, q_XxV, k: int) -> jax.Array:
+  """`optimal_acceptance` (the bound alpha*) at X positions at once: [X]."""
+  _check_X(p_XxV, q_XxV, k)
+  return _optimal_X(p_XxV, q_XxV, int(k))
+
+
 def compare_methods(p_V, q_V, k: int) -> dict[str, float]:
   """Exact hit probability of every verifier at one position, with k drafts.
 

@@ -1,14 +1,15 @@
 """(p, q) along decoded trajectories, and the rho ablation on these real distributions.
 
-`collect_trajectories` samples continuations of prompts from the target (the law that
-exact speculative decoding outputs) and records, at every sampled position, the draft's
-next-token distribution p and the target's q: what a verifier sees there.
-`rho_ablation` evaluates each K-SEQ split-factor strategy on those pairs exactly (closed
-forms of `spectr_jax.acceptance`, no sampling): the mean probability that the output hits
-a draft, the optimal-transport bound alpha*, the gap between them, and how often a fixed
-rho is invalid (the accept branch overshoots q somewhere, so the residual would be
-negative and the output would not follow q). `run_rho_ablation` adds the block-level
-effect: a decoding sweep with every strategy.
+`collect_trajectories` samples continuations of prompts from the target with
+`engine.generate(method="autoregressive")` (the law that exact speculative decoding
+outputs, with every sampling transform applied) and records, at every sampled position,
+the draft's next-token distribution p and the target's q under the same transforms:
+what a verifier sees there. `rho_ablation` evaluates each K-SEQ split-factor strategy on
+those pairs exactly (closed forms of `spectr_jax.acceptance`, no sampling): the mean
+probability that the output hits a draft, the optimal-transport bound alpha*, the gap
+between them, and how often a fixed rho is invalid (the accept branch overshoots q
+somewhere, so the residual would be negative and the output would not follow q).
+`run_rho_ablation` adds the block-level effect: a decoding sweep with every strategy.
 """
 
 import dataclasses
@@ -23,83 +24,72 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from spectr_jax import acceptance, experiment, sampling
+from spectr_jax import acceptance, engine, experiment, pairs, results, sampling
+from spectr_jax.config import (
+  AnalysisConfig,
+  DecodeSettings,
+  RhoAblationConfig,
+  SweepConfig,
+  rhos_for,
+)
 from spectr_jax.data import EOS_ID, PAD_ID, Prompts, make_prompts
 from spectr_jax.models import ModelBundle
 
-ANALYSIS_FILE = "analysis.json"
 _VALID_TOL = 1e-6
 
 
-def next_token_probs(bundle: ModelBundle, tokens_BxT: jax.Array, temperature) -> jax.Array:
+def next_token_probs(
+  bundle: ModelBundle,
+  tokens_BxT: jax.Array,
+  temperature,
+  top_k: int | None = None,
+  top_p: float | None = None,
+) -> jax.Array:
   """The model's next-token distribution after every prefix: probs_BxTxV (float32)."""
   logits_BxTxV = bundle.model.apply({"params": bundle.params}, tokens_BxT)
-  return sampling.transform_probs(logits_BxTxV, temperature)
-
-
-@functools.partial(jax.jit, static_argnames="num_tokens")
-def sample_target(
-  target: ModelBundle,
-  tokens_BxP: jax.Array,
-  lengths_B: jax.Array,
-  num_tokens: int,
-  key: jax.Array,
-  temperature: jax.Array,
-) -> jax.Array:
-  """Samples `num_tokens` tokens after each prompt (full forward per token, no cache).
-
-  Args:
-    target: the model sampled from.
-    tokens_BxP: int32 right-padded prompts [B, P].
-    lengths_B: int32 prompt lengths.
-    num_tokens: N, tokens to sample per row.
-    key: PRNG key; token `s` uses `fold_in(key, s)`.
-    temperature: float32 scalar > 0.
-
-  Returns:
-    int32 [B, P + N]: row b holds its prompt, then its N samples from position
-    `lengths_B[b]` on, then PAD.
-  """
-  batch, width = tokens_BxP.shape[0], tokens_BxP.shape[1] + num_tokens
-  tokens_BxW = (
-    jnp.full((batch, width), PAD_ID, jnp.int32).at[:, : tokens_BxP.shape[1]].set(tokens_BxP)
-  )
-  rows_B = jnp.arange(batch)
-
-  def body(s, tokens_BxW):
-    logits_BxWxV = target.model.apply({"params": target.params}, tokens_BxW)
-    pos_B = lengths_B + s
-    logits_BxV = logits_BxWxV[rows_B, pos_B - 1].astype(jnp.float32)
-    next_B = jax.random.categorical(jax.random.fold_in(key, s), logits_BxV / temperature)
-    return tokens_BxW.at[rows_B, pos_B].set(next_B.astype(jnp.int32))
-
-  return jax.lax.fori_loop(0, num_tokens, body, tokens_BxW)
+  return sampling.transform_probs(logits_BxTxV, temperature, top_k=top_k, top_p=top_p)
 
 
 class Trajectories(NamedTuple):
   """Sampled continuations and the distributions at each sampled position.
 
-  tokens_BxW: prompts followed by N target samples (see `sample_target`).
-  p_BxNxV, q_BxNxV: draft and target next-token distributions before each sample.
-  in_sentence_BxN: positions up to and including the first sampled EOS.
+  tokens_BxW: each prompt (right-padded to P) with its T target samples from position
+    `lengths_B[b]` on, then PAD (W = P + T).
+  p_BxTxV, q_BxTxV: draft and target next-token distributions before each sample.
+  in_sentence_BxT: positions up to and including the first sampled EOS.
   """
 
   tokens_BxW: jax.Array
-  p_BxNxV: jax.Array
-  q_BxNxV: jax.Array
-  in_sentence_BxN: jax.Array
+  p_BxTxV: jax.Array
+  q_BxTxV: jax.Array
+  in_sentence_BxT: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames="num_tokens")
-def _distributions(draft, target, tokens_BxW, lengths_B, num_tokens, temperature):
-  pos_BxN = lengths_B[:, None] - 1 + jnp.arange(num_tokens)[None, :]
-  p_BxNxV, q_BxNxV = (
-    jnp.take_along_axis(next_token_probs(m, tokens_BxW, temperature), pos_BxN[..., None], 1)
+@functools.partial(jax.jit, static_argnames=("num_tokens", "top_k"))
+def distributions(draft, target, tokens_BxW, lengths_B, num_tokens, temperature, top_k=None,
+                  top_p=None):  # fmt: skip
+  """p and q before each of the T sampled tokens, and which of them are in the sentence.
+
+  Args:
+    draft, target: the models.
+    tokens_BxW: prompts with their samples (see `Trajectories`).
+    lengths_B: prompt lengths.
+    num_tokens: T, samples per row.
+    temperature, top_k, top_p: the sampling transforms (as in `engine.generate`).
+
+  Returns:
+    (p_BxTxV, q_BxTxV, in_sentence_BxT).
+  """
+  pos_BxT = lengths_B[:, None] - 1 + jnp.arange(num_tokens)[None, :]
+  p_BxTxV, q_BxTxV = (
+    jnp.take_along_axis(
+      next_token_probs(m, tokens_BxW, temperature, top_k, top_p), pos_BxT[..., None], 1
+    )
     for m in (draft, target)
   )
-  sampled_BxN = jnp.take_along_axis(tokens_BxW, pos_BxN + 1, axis=1)
-  eos_before_BxN = jnp.cumsum(sampled_BxN == EOS_ID, axis=1) - (sampled_BxN == EOS_ID)
-  return p_BxNxV, q_BxNxV, eos_before_BxN == 0
+  sampled_BxT = jnp.take_along_axis(tokens_BxW, pos_BxT + 1, axis=1)
+  eos_before_BxT = jnp.cumsum(sampled_BxT == EOS_ID, axis=1) - (sampled_BxT == EOS_ID)
+  return p_BxTxV, q_BxTxV, eos_before_BxT == 0
 
 
 def collect_trajectories(
@@ -109,48 +99,51 @@ def collect_trajectories(
   num_tokens: int,
   key: jax.Array,
   temperature: float = 1.0,
+  top_k: int | None = None,
+  top_p: float | None = None,
+  prompt_ids: jax.Array | None = None,
 ) -> Trajectories:
-  """Samples N tokens after each prompt from the target and records (p, q) along them.
+  """Samples T tokens after each prompt from the target and records (p, q) along them.
 
   Args:
     draft: the draft model (p).
-    target: the target model (q), sampled from.
+    target: the target model (q), sampled from with `engine.generate`.
     prompts: the prompts (B of them).
-    num_tokens: N, tokens sampled per prompt.
-    key: PRNG key of the sampling.
-    temperature: sampling temperature (> 0), also applied to p and q.
+    num_tokens: T, tokens sampled per prompt (no stop at EOS).
+    key: PRNG key; row b uses fold_in(key, prompt_ids[b]) as in `engine.generate`.
+    temperature, top_k, top_p: the sampling transforms, also applied to p and q.
+    prompt_ids: B ints naming the prompts for the randomness (default 0..B-1).
 
   Returns:
     The trajectories (device arrays).
   """
-  temp = jnp.float32(temperature)
-  tokens_BxW = sample_target(target, prompts.tokens_BxT, prompts.lengths_B, num_tokens, key, temp)
-  p_BxNxV, q_BxNxV, in_sentence_BxN = _distributions(
-    draft, target, tokens_BxW, jnp.asarray(prompts.lengths_B), num_tokens, temp
+  out = engine.generate(
+    key,
+    draft=None,
+    target=target,
+    prompts=prompts.tokens_BxT,
+    prompt_lengths=prompts.lengths_B,
+    method="autoregressive",
+    max_new_tokens=num_tokens,
+    temperature=temperature,
+    top_k=top_k,
+    top_p=top_p,
+    prompt_ids=prompt_ids,
   )
-  return Trajectories(tokens_BxW, p_BxNxV, q_BxNxV, in_sentence_BxN)
-
-
-def strategy_name(rho: str | float) -> str:
-  """ "rho*", "rho=K" or "rho=<value>" for a `rho` argument of K-SEQ."""
-  if rho == "star":
-    return "rho*"
-  return "rho=K" if rho == "k" else f"rho={float(rho):g}"
-
-
-@functools.partial(jax.jit, static_argnames="rho_mode")
-def _kseq_X(p_XxV, q_XxV, k, rho_value, *, rho_mode):
-  return jax.vmap(
-    lambda p_V, q_V: acceptance._kseq_acceptance(p_V, q_V, k, rho_value, rho_mode=rho_mode)
-  )(p_XxV, q_XxV)
-
-
-@functools.partial(jax.jit, static_argnames="k")
-def _bounds_X(p_XxV, q_XxV, *, k):
-  single_X = acceptance.overlap(p_XxV, q_XxV)
-  specinfer_X = jax.vmap(lambda p, q: acceptance._specinfer_acceptance(p, q, k))(p_XxV, q_XxV)
-  optimal_X = jax.vmap(acceptance._optimal_acceptance, (0, 0, None))(p_XxV, q_XxV, k)
-  return single_X, specinfer_X, optimal_X
+  b, width = prompts.tokens_BxT.shape
+  lengths_B = jnp.asarray(prompts.lengths_B, jnp.int32)
+  tokens_BxW = (
+    jnp.full((b, width + num_tokens), PAD_ID, jnp.int32)
+    .at[:, :width]
+    .set(jnp.asarray(prompts.tokens_BxT, jnp.int32))
+  )
+  pos_BxT = lengths_B[:, None] + jnp.arange(num_tokens)[None, :]
+  tokens_BxW = tokens_BxW.at[jnp.arange(b)[:, None], pos_BxT].set(out.tokens_BxT)
+  p_BxTxV, q_BxTxV, in_sentence_BxT = distributions(
+    draft, target, tokens_BxW, lengths_B, num_tokens, jnp.float32(temperature), top_k,
+    None if top_p is None else jnp.float32(top_p),
+  )  # fmt: skip
+  return Trajectories(tokens_BxW, p_BxTxV, q_BxTxV, in_sentence_BxT)
 
 
 def position_metrics(
@@ -170,16 +163,14 @@ def position_metrics(
   """
   out = {}
   for rho in dict.fromkeys((*rhos, "star")):
-    mode, value = acceptance.split_rho(rho)
-    result = _kseq_X(p_XxV, q_XxV, k, value, rho_mode=mode)
-    out[strategy_name(rho)] = {f: np.asarray(getattr(result, f)) for f in result._fields}
+    result = acceptance.kseq_acceptance_X(p_XxV, q_XxV, k, rho)
+    out[results.strategy_name(rho)] = {f: np.asarray(getattr(result, f)) for f in result._fields}
   out["rho_star"] = {"rho": out["rho*"]["rho"]}
   if "star" not in rhos:
     del out["rho*"]
-  single_X, specinfer_X, optimal_X = _bounds_X(p_XxV, q_XxV, k=k)
-  out["single"] = {"hit": np.asarray(single_X)}
-  out["specinfer"] = {"hit": np.asarray(specinfer_X)}
-  out["optimal"] = {"hit": np.asarray(optimal_X)}
+  out["single"] = {"hit": np.asarray(acceptance.overlap(p_XxV, q_XxV))}
+  out["specinfer"] = {"hit": np.asarray(acceptance.specinfer_acceptance_X(p_XxV, q_XxV, k))}
+  out["optimal"] = {"hit": np.asarray(acceptance.optimal_acceptance_X(p_XxV, q_XxV, k))}
   return out
 
 
@@ -196,7 +187,7 @@ def summarize_metrics(
   optimal_X = metrics["optimal"]["hit"]
   rho_star_X = metrics["rho_star"]["rho"]
   rows = []
-  for name in [strategy_name(r) for r in rhos] + ["specinfer", "optimal"]:
+  for name in [results.strategy_name(r) for r in rhos] + ["specinfer", "optimal"]:
     m = metrics[name]
     row = {
       "K": k,
@@ -218,86 +209,58 @@ def summarize_metrics(
   return rows
 
 
-def _rhos_for(rhos: Sequence[str | float], k: int) -> list[str | float]:
-  """The strategies that differ at k drafts: a fixed rho above k would be clipped to k."""
-  return [r for r in rhos if isinstance(r, str) or r <= k]
+def _chunk_positions(pair: pairs.Pair, prompts: Prompts, rows: slice, config, seed: int,
+                     decoding: DecodeSettings) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+  """(p_XxV, q_XxV) at the kept positions of the trajectories of prompts `rows`."""
+  chunk = Prompts(*(x[rows] for x in dataclasses.astuple(prompts)))
+  sampling_args = decoding.sampling_args()
+  traj = collect_trajectories(
+    pair.draft,
+    pair.target,
+    chunk,
+    config.num_tokens,
+    jax.random.key(seed),
+    sampling_args["temperature"],
+    sampling_args["top_k"],
+    sampling_args["top_p"],
+    prompt_ids=jnp.arange(rows.start, rows.stop, dtype=jnp.int32),
+  )
+  keep_BxT = np.asarray(traj.in_sentence_BxT) | (not decoding.stop_at_eos)
+  return np.asarray(traj.p_BxTxV)[keep_BxT], np.asarray(traj.q_BxTxV)[keep_BxT]
 
 
-@dataclasses.dataclass(frozen=True)
-class AnalysisConfig:
-  """The per-position part of the rho ablation (see `configs/rho_ablation.py`).
-
-  The prompts are the first `num_prompts` of the sweep's prompt set for its first seed;
-  rhos, temperature and prompt length are the sweep's.
-  """
-
-  num_drafts: tuple[int, ...]
-  num_prompts: int
-  num_tokens: int
-  batch_size: int
-
-
-def rho_ablation(
-  pair: experiment.Pair, sweep: experiment.SweepConfig, config: AnalysisConfig
-) -> dict[str, Any]:
+def rho_ablation(pair: pairs.Pair, sweep: SweepConfig, config: AnalysisConfig) -> dict[str, Any]:
   """Per-position exact acceptance of every rho strategy along target samples.
 
   Args:
     pair: the models and held-out text.
-    sweep: the decoding sweep whose prompts, rhos, temperature and EOS rule are used.
+    sweep: the decoding sweep whose prompts, rhos and decoding settings are used.
     config: the analysis settings.
 
   Returns:
     {"positions": X, "single": mean one-draft acceptance, "rows": `summarize_metrics`
     rows for each K}.
   """
-  seed = sweep.seeds[0]
-  prompts = make_prompts(pair.heldout, sweep.num_prompts, sweep.prompt_len, seed)
+  seed, decoding = sweep.seeds[0], sweep.decoding
+  prompts = make_prompts(pair.heldout, decoding.num_prompts, decoding.prompt_len, seed)
   per_k = {k: [] for k in config.num_drafts}
-  for chunk, start in enumerate(range(0, config.num_prompts, config.batch_size)):
+  for start in range(0, config.num_prompts, config.batch_size):
     rows = slice(start, min(start + config.batch_size, config.num_prompts))
-    chunk_prompts = Prompts(*(x[rows] for x in dataclasses.astuple(prompts)))
-    key = jax.random.fold_in(jax.random.key(seed), chunk)
-    traj = collect_trajectories(
-      pair.draft, pair.target, chunk_prompts, config.num_tokens, key, sweep.temperature
-    )
-    keep_BxN = np.asarray(traj.in_sentence_BxN) | (not sweep.stop_at_eos)
-    p_XxV, q_XxV = np.asarray(traj.p_BxNxV)[keep_BxN], np.asarray(traj.q_BxNxV)[keep_BxN]
+    p_XxV, q_XxV = _chunk_positions(pair, prompts, rows, config, seed, decoding)
     for k in config.num_drafts:
-      per_k[k].append(position_metrics(p_XxV, q_XxV, k, _rhos_for(sweep.rhos, k)))
+      per_k[k].append(position_metrics(p_XxV, q_XxV, k, rhos_for(sweep.rhos, k)))
     logging.info("rho ablation: %d/%d prompts", rows.stop, config.num_prompts)
   result = {"positions": 0, "single": 0.0, "rows": []}
   for k, chunks in per_k.items():
     metrics = jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
-    result["rows"] += summarize_metrics(metrics, k, _rhos_for(sweep.rhos, k))
+    result["rows"] += summarize_metrics(metrics, k, rhos_for(sweep.rhos, k))
     result["positions"] = int(metrics["single"]["hit"].size)
     result["single"] = float(np.mean(metrics["single"]["hit"]))
   return result
 
 
-@dataclasses.dataclass(frozen=True)
-class RhoAblationConfig:
-  """The block-level sweep and the per-position analysis of `configs/rho_ablation.py`."""
-
-  sweep: experiment.SweepConfig
-  analysis: AnalysisConfig
-
-  def __post_init__(self):
-    if self.analysis.num_prompts > self.sweep.num_prompts:
-      raise ValueError(
-        f"analysis.num_prompts ({self.analysis.num_prompts}) exceeds the sweep's prompt set "
-        f"({self.sweep.num_prompts})"
-      )
-
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "RhoAblationConfig":
-    """Builds the config from a nested mapping (a `ConfigDict.to_dict()`)."""
-    analysis = dict(values["analysis"], num_drafts=tuple(values["analysis"]["num_drafts"]))
-    return cls(experiment.SweepConfig.from_dict(values["sweep"]), AnalysisConfig(**analysis))
-
-
 def run_rho_ablation(
-  config: RhoAblationConfig, pair: experiment.Pair | None = None, provenance_config: Any = None
+  config: RhoAblationConfig, pair: pairs.Pair | None = None, provenance_config: Any = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
   """Runs the block-level sweep (resumable) and the per-position analysis (cached).
 
@@ -306,7 +269,7 @@ def run_rho_ablation(
 
   Args:
     config: the ablation.
-    pair: the models (default: `experiment.load_pair(config.sweep)`, trained when missing).
+    pair: the models (default: `pairs.load_pair(config.sweep.pair)`).
     provenance_config: what to record as the run's config (default: `config`).
 
   Returns:
@@ -314,13 +277,18 @@ def run_rho_ablation(
   """
   if provenance_config is None:
     provenance_config = dataclasses.asdict(config)
-  pair = pair or experiment.load_pair(config.sweep)
+  pair = pair or pairs.load_pair(config.sweep.pair)
   records = experiment.run_sweep(config.sweep, pair, provenance_config)
-  shared = ("seeds", "num_prompts", "prompt_len", "rhos", "temperature", "stop_at_eos")
-  defining = {f: getattr(config.sweep, f) for f in shared}
-  defining.update(analysis=dataclasses.asdict(config.analysis), pair=pair.fingerprint)
+  defining = {
+    "seeds": config.sweep.seeds,
+    "rhos": config.sweep.rhos,
+    "decoding": dataclasses.asdict(config.sweep.decoding),
+    "analysis": dataclasses.asdict(config.analysis),
+    "pair": pair.fingerprint,
+    "trajectories": "engine",
+  }
   key = hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
-  path = config.sweep.results_path / ANALYSIS_FILE
+  path = config.sweep.results_path / results.ANALYSIS_FILE
   if path.exists() and json.loads(path.read_text()).get("key") == key:
     logging.info("rho ablation: loading %s", path)
     return records, json.loads(path.read_text())

@@ -15,33 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import acceptance, analysis, train
+from spectr_jax import acceptance, analysis, runs, train
+from spectr_jax.config import EvalConfig
 from spectr_jax.data import BOS_ID, PAD_ID, Dataset, Prompts, heldout_rows, make_prompts
 from spectr_jax.models import ModelBundle, count_params
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-  """What `evaluate_pair` measures.
-
-  Attributes:
-    eval_rows: held-out rows of `seq_len + 1` tokens for perplexity and teacher-forced
-      acceptance (0 = all).
-    batch_size: rows per forward pass.
-    num_prompts: prompts (held-out sentence starts) for the sampled acceptance.
-    prompt_len: sentence ids per prompt (after BOS).
-    num_tokens: tokens sampled from the target after each prompt.
-    temperature: sampling temperature of the target (and of both distributions).
-    seed: selects the prompts and seeds the sampling.
-  """
-
-  eval_rows: int = 0
-  batch_size: int = 32
-  num_prompts: int = 64
-  prompt_len: int = 8
-  num_tokens: int = 32
-  temperature: float = 1.0
-  seed: int = 0
 
 
 def _overlap_BxT(
@@ -67,7 +44,7 @@ def _teacher_forced_sums(
 def teacher_forced_acceptance(
   draft: ModelBundle,
   target: ModelBundle,
-  rows_NxT1: np.ndarray,
+  rows_ExT1: np.ndarray,
   batch_size: int,
   temperature: float = 1.0,
 ) -> float:
@@ -76,7 +53,7 @@ def teacher_forced_acceptance(
   Args:
     draft: the draft model (p).
     target: the target model (q).
-    rows_NxT1: int32 packed held-out rows [N, T + 1].
+    rows_ExT1: int32 packed held-out rows [E, T + 1].
     batch_size: rows per forward pass.
     temperature: softmax temperature of both models.
 
@@ -84,8 +61,8 @@ def teacher_forced_acceptance(
     The mean acceptance over positions whose next token is not PAD or BOS.
   """
   total = np.zeros(2)
-  for start in range(0, len(rows_NxT1), batch_size):
-    batch = rows_NxT1[start : start + batch_size]
+  for start in range(0, len(rows_ExT1), batch_size):
+    batch = rows_ExT1[start : start + batch_size]
     pad = np.full((batch_size - len(batch), batch.shape[1]), PAD_ID, np.int32)
     rows = np.concatenate([batch, pad])
     total += np.asarray(_teacher_forced_sums(draft, target, rows, jnp.float32(temperature)))
@@ -109,23 +86,23 @@ def sampled_acceptance(
     draft: the draft model (p).
     target: the target model (q), sampled from.
     prompts: the prompts.
-    num_tokens: N, tokens sampled per prompt.
+    num_tokens: T, tokens sampled per prompt.
     key: PRNG key of the sampling.
     temperature: sampling and softmax temperature.
 
   Returns:
-    The mean acceptance, the mean at each of the N positions [N] (NaN where no row is
+    The mean acceptance, the mean at each of the T positions [T] (NaN where no row is
     still in its sentence), and the number of positions averaged.
   """
   traj = analysis.collect_trajectories(draft, target, prompts, num_tokens, key, temperature)
-  overlap_BxN = np.asarray(acceptance.overlap(traj.p_BxNxV, traj.q_BxNxV))
-  mask_BxN = np.asarray(traj.in_sentence_BxN)
-  counts_N = mask_BxN.sum(axis=0)
-  per_position_N = np.where(
-    counts_N > 0, (overlap_BxN * mask_BxN).sum(axis=0) / np.maximum(counts_N, 1), np.nan
+  overlap_BxT = np.asarray(acceptance.overlap(traj.p_BxTxV, traj.q_BxTxV))
+  mask_BxT = np.asarray(traj.in_sentence_BxT)
+  counts_T = mask_BxT.sum(axis=0)
+  per_position_T = np.where(
+    counts_T > 0, (overlap_BxT * mask_BxT).sum(axis=0) / np.maximum(counts_T, 1), np.nan
   )
-  count = int(mask_BxN.sum())
-  return float((overlap_BxN * mask_BxN).sum() / max(count, 1)), per_position_N, count
+  count = int(mask_BxT.sum())
+  return float((overlap_BxT * mask_BxT).sum() / max(count, 1)), per_position_T, count
 
 
 def iid_block_efficiency(acceptance: float, draft_len: int) -> float:
@@ -202,17 +179,17 @@ def evaluate_workdirs(
   Returns:
     The results of `evaluate_pair`, plus the training meta of both runs.
   """
-  if train.load_tokenizer(draft_workdir).model_proto != (
-    train.load_tokenizer(target_workdir).model_proto
+  if runs.load_tokenizer(draft_workdir).model_proto != (
+    runs.load_tokenizer(target_workdir).model_proto
   ):
     raise ValueError(f"{draft_workdir} and {target_workdir} use different tokenizers")
-  target_config = train.load_config(target_workdir)
-  draft = train.load_bundle(draft_workdir)
-  target = train.load_bundle(target_workdir)
-  dataset = train.dataset_for(target_workdir)
+  target_config = runs.load_config(target_workdir)
+  draft = runs.load_bundle(draft_workdir)
+  target = runs.load_bundle(target_workdir)
+  dataset = runs.dataset_for(target_workdir)
   results = evaluate_pair(draft, target, dataset, target_config.data.seq_len, config)
   for name, workdir in (("draft", draft_workdir), ("target", target_workdir)):
-    meta = train.checkpoint_meta(workdir)
+    meta = runs.checkpoint_meta(workdir)
     results[f"{name}_train_tokens"] = round(meta["positions_seen"] * meta["row_fill"])
     results[f"{name}_train_wall_time_s"] = meta["wall_time_s"]
     results[f"{name}_model"] = meta["config"]["model"]

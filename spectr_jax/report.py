@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from spectr_jax import analysis, experiment, metrics  # noqa: E402
+from spectr_jax import metrics, results  # noqa: E402
 
 REPORT_DIR = "report"
 _METHOD_ORDER = ("autoregressive", "sd", "kseq", "specinfer", "optimal")
@@ -43,8 +43,8 @@ _COLUMNS = (
 
 
 def bootstrap_ratio(
-  num_SxN: np.ndarray,
-  den_SxN: np.ndarray,
+  num_ZxE: np.ndarray,
+  den_ZxE: np.ndarray,
   *,
   resamples: int = 2000,
   level: float = 0.95,
@@ -56,7 +56,7 @@ def bootstrap_ratio(
   each drawn seed, and recomputes the ratio of sums.
 
   Args:
-    num_SxN, den_SxN: per (seed, prompt) numerators and denominators (e.g. emitted
+    num_ZxE, den_ZxE: per (seed, prompt) numerators and denominators (e.g. emitted
       tokens and target calls).
     resamples: bootstrap resamples.
     level: coverage of the interval.
@@ -65,16 +65,16 @@ def bootstrap_ratio(
   Returns:
     (estimate, lower, upper).
   """
-  num_SxN, den_SxN = np.asarray(num_SxN, float), np.asarray(den_SxN, float)
-  s, n = num_SxN.shape
+  num_ZxE, den_ZxE = np.asarray(num_ZxE, float), np.asarray(den_ZxE, float)
+  s, n = num_ZxE.shape
   rng = np.random.default_rng(seed)
-  seeds_RxS = rng.integers(s, size=(resamples, s))
-  prompts_RxSxN = rng.integers(n, size=(resamples, s, n))
-  num_R = num_SxN[seeds_RxS[..., None], prompts_RxSxN].sum(axis=(1, 2))
-  den_R = den_SxN[seeds_RxS[..., None], prompts_RxSxN].sum(axis=(1, 2))
-  ratio_R = num_R / np.maximum(den_R, 1e-12)
-  lower, upper = np.quantile(ratio_R, [(1 - level) / 2, (1 + level) / 2])
-  return float(num_SxN.sum() / max(den_SxN.sum(), 1e-12)), float(lower), float(upper)
+  seeds_IxZ = rng.integers(s, size=(resamples, s))
+  prompts_IxZxE = rng.integers(n, size=(resamples, s, n))
+  num_I = num_ZxE[seeds_IxZ[..., None], prompts_IxZxE].sum(axis=(1, 2))
+  den_I = den_ZxE[seeds_IxZ[..., None], prompts_IxZxE].sum(axis=(1, 2))
+  ratio_I = num_I / np.maximum(den_I, 1e-12)
+  lower, upper = np.quantile(ratio_I, [(1 - level) / 2, (1 + level) / 2])
+  return float(num_ZxE.sum() / max(den_ZxE.sum(), 1e-12)), float(lower), float(upper)
 
 
 def _group_key(cell: dict[str, Any], drop: Iterable[str]) -> str:
@@ -107,9 +107,9 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   for members in groups.values():
     members = sorted(members, key=lambda r: r["cell"]["seed"])
     cell = members[0]["cell"]
-    emitted_SxN = np.array([r["emitted"] for r in members])
-    rounds_SxN = np.array([r["rounds"] for r in members])
-    estimate, lower, upper = bootstrap_ratio(emitted_SxN, rounds_SxN)
+    emitted_ZxE = np.array([r["emitted"] for r in members])
+    rounds_ZxE = np.array([r["rounds"] for r in members])
+    estimate, lower, upper = bootstrap_ratio(emitted_ZxE, rounds_ZxE)
     reached = sum(r["reached"][0] for r in members)
     hits = sum(r["hits"][0] for r in members)
     tokens_per_s = sum(r["timed_tokens"] for r in members) / max(
@@ -121,7 +121,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
       "K": cell["num_drafts"],
       "L": cell["draft_len"],
       "rho": cell["rho"],
-      "rho_name": None if cell["rho"] is None else analysis.strategy_name(cell["rho"]),
+      "rho_name": None if cell["rho"] is None else results.strategy_name(cell["rho"]),
       "block_efficiency": estimate,
       "lower": lower,
       "upper": upper,
@@ -130,8 +130,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
       "tokens_per_s": tokens_per_s,
       "predicted_speedup": metrics.predicted_speedup(estimate, cell["draft_len"], cost_ratio),
       "seeds": len(members),
-      "prompts": emitted_SxN.shape[1],
-      "samples": f"{len(members)} x {emitted_SxN.shape[1]}",
+      "prompts": emitted_ZxE.shape[1],
+      "samples": f"{len(members)} x {emitted_ZxE.shape[1]}",
       "_setting": _group_key(cell, ("seed", "method", "num_drafts", "draft_len", "rho")),
     }
     if cell["method"] == "autoregressive":
@@ -248,25 +248,23 @@ _ANALYSIS_COLUMNS = (
 )
 
 
-def _records_for(config: experiment.SweepConfig | None, results_dir: pathlib.Path) -> list[dict]:
-  """The records of `config`'s cells for the pair of the latest run (all without a config)."""
-  records = experiment.load_results(results_dir)
-  provenance = results_dir / experiment.PROVENANCE_FILE
-  if config is None or not provenance.exists():
+def records_for(
+  results_dir: str | pathlib.Path, keys: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+  """The records of results.jsonl with the given cell keys, in their order (all without)."""
+  records = results.load_results(results_dir)
+  if keys is None:
     return list(records.values())
-  fingerprint = json.loads(provenance.read_text().splitlines()[-1])["pair"]["fingerprint"]
-  keys = [cell.key for cell in experiment.expand(config, fingerprint)]
   return [records[k] for k in keys if k in records]
 
 
-def write_report(
-  results_dir: str | pathlib.Path, config: experiment.SweepConfig | None = None
-) -> str:
+def write_report(results_dir: str | pathlib.Path, keys: Sequence[str] | None = None) -> str:
   """Writes table.md, table.csv and the plots to <results_dir>/report; returns the markdown.
 
   Args:
     results_dir: a sweep's results directory (results.jsonl, optional analysis.json).
-    config: when given, only its cells are reported (else every record there).
+    keys: when given, only the cells with these keys are reported (else every record
+      there); `experiments/report.py` passes the keys of a config's grid.
 
   Returns:
     The markdown: the decoding table and, for a rho ablation, the per-position table.
@@ -274,7 +272,7 @@ def write_report(
   results_dir = pathlib.Path(results_dir)
   out = results_dir / REPORT_DIR
   out.mkdir(parents=True, exist_ok=True)
-  rows = summarize(_records_for(config, results_dir))
+  rows = summarize(records_for(results_dir, keys))
   if not rows:
     raise ValueError(f"no results in {results_dir}")
   write_csv(rows, out / "table.csv")
@@ -282,7 +280,7 @@ def write_report(
   if len({r["K"] for r in rows if r["L"] > 0}) > 1:
     plot_block_efficiency(rows, out / "block_efficiency_vs_K.png")
     text += [f"Plot: {out / 'block_efficiency_vs_K.png'}", ""]
-  ablation = results_dir / analysis.ANALYSIS_FILE
+  ablation = results_dir / results.ANALYSIS_FILE
   if ablation.exists():
     result = json.loads(ablation.read_text())
     write_csv(result["rows"], out / "acceptance.csv")

@@ -38,6 +38,7 @@ __all__ = [
   "specinfer",
   "speculative_sampling",
   "verify_block",
+  "walk",
 ]
 
 METHODS = ("sd", "kseq", "specinfer", "optimal")
@@ -214,7 +215,19 @@ class _WalkState(NamedTuple):
   stats: BlockStats
 
 
-def _walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method, rho_mode):
+def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: str):
+  """The block walk of `verify_block` without its input checks (for use inside jit).
+
+  Args:
+    key: PRNG key; position t uses fold_in(key, t).
+    drafts_KxL, p_KxLxV, q_KxL1xV: as in `verify_block`.
+    rho_value: float32 scalar, the fixed split factor (ignored unless rho_mode is "fixed").
+    method: a name of `METHODS`.
+    rho_mode: "star", "k" or "fixed" (see `acceptance.split_rho`).
+
+  Returns:
+    (tokens_L1, num_tokens, BlockStats), as `verify_block` with return_stats.
+  """
   num_drafts, draft_len = drafts_KxL.shape
   verifier = _VERIFIERS[method]
   zeros_L1 = jnp.zeros((draft_len + 1,), bool)
@@ -257,7 +270,7 @@ def _walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method, rho_mode):
 
 @functools.partial(jax.jit, static_argnames=("method", "rho_mode"))
 def _verify_block(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, *, method, rho_mode):
-  return _walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method, rho_mode)
+  return walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method, rho_mode)
 
 
 def check_method(method: str, num_drafts: int) -> None:

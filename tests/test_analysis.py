@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from configs import rho_ablation as rho_ablation_config
-from spectr_jax import acceptance, analysis, data
+from spectr_jax import acceptance, analysis, data, results
+from spectr_jax.config import RhoAblationConfig
 from tests.test_experiment import random_pair
 
 
@@ -35,7 +36,7 @@ def test_position_metrics_agree_with_the_acceptance_module():
   for i in range(len(p)):
     for rho in rhos:
       exact = acceptance.kseq_acceptance(p[i], q[i], 2, rho)
-      got = metrics[analysis.strategy_name(rho)]
+      got = metrics[results.strategy_name(rho)]
       for field in ("hit", "p_accept", "deficit", "rho"):
         assert got[field][i] == pytest.approx(float(getattr(exact, field)), abs=1e-6)
     assert metrics["specinfer"]["hit"][i] == pytest.approx(
@@ -64,27 +65,27 @@ def test_trajectories_hold_the_models_distributions(pair):
   prompts = data.make_prompts(pair.heldout, 3, 4, seed=0)
   traj = analysis.collect_trajectories(pair.draft, pair.target, prompts, 5, jax.random.key(0))
   tokens = np.asarray(traj.tokens_BxW)
-  assert traj.p_BxNxV.shape == traj.q_BxNxV.shape == (3, 5, pair.target.config.vocab_size)
-  np.testing.assert_allclose(np.asarray(traj.q_BxNxV).sum(-1), 1.0, atol=1e-5)
+  assert traj.p_BxTxV.shape == traj.q_BxTxV.shape == (3, 5, pair.target.config.vocab_size)
+  np.testing.assert_allclose(np.asarray(traj.q_BxTxV).sum(-1), 1.0, atol=1e-5)
   for b in range(3):
     n = prompts.lengths_B[b]
     np.testing.assert_array_equal(tokens[b, :n], prompts.tokens_BxT[b, :n])
     # Before sample t (at position n + t), each model's law after the n + t tokens before it.
-    for model, probs in ((pair.target, traj.q_BxNxV), (pair.draft, traj.p_BxNxV)):
+    for model, probs in ((pair.target, traj.q_BxTxV), (pair.draft, traj.p_BxTxV)):
       causal = analysis.next_token_probs(model, jnp.asarray(tokens[b : b + 1]), 1.0)[0]
       np.testing.assert_allclose(probs[b], causal[n - 1 : n + 4], atol=1e-5)
 
 
 def test_trajectories_mark_positions_after_eos(pair):
   tokens = jnp.asarray([[2, 5, 6, data.EOS_ID, 7, 8, 0], [2, 5, 6, 7, 8, 9, 0]], jnp.int32)
-  _, _, in_sentence = analysis._distributions(
+  _, _, in_sentence = analysis.distributions(
     pair.draft, pair.target, tokens, jnp.asarray([2, 2]), 4, jnp.float32(1.0)
   )
   np.testing.assert_array_equal(in_sentence, [[1, 1, 0, 0], [1, 1, 1, 1]])
 
 
 def test_rho_ablation_runs_and_caches(pair, tmp_path, monkeypatch):
-  config = analysis.RhoAblationConfig.from_dict(rho_ablation_config.get_config("test").to_dict())
+  config = RhoAblationConfig.from_dict(rho_ablation_config.get_config("test").to_dict())
   sweep = dataclasses.replace(
     config.sweep, results_dir=str(tmp_path), methods=("autoregressive",), shard=False
   )
@@ -100,7 +101,7 @@ def test_rho_ablation_runs_and_caches(pair, tmp_path, monkeypatch):
     assert 0.0 <= row["acceptance"] <= 1.0 + 1e-6
     if row.get("invalid", 0.0) == 0.0:
       assert row["gap"] >= -1e-6  # exact strategies stay below the bound
-  assert json.loads((tmp_path / analysis.ANALYSIS_FILE).read_text()) == result
+  assert json.loads((tmp_path / results.ANALYSIS_FILE).read_text()) == result
 
   monkeypatch.setattr(analysis, "rho_ablation", lambda *a: pytest.fail("not cached"))
   assert analysis.run_rho_ablation(config, pair)[1] == result

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import engine, sampling, sharding
+from spectr_jax import engine, rounds, sampling, sharding
 from spectr_jax.models import ModelBundle, commit, get_model_config, init_params
 from tests import stats
 
@@ -53,8 +53,8 @@ def _exact_law(target, num_tokens, temperature=1.0, top_k=None):
   return law / law.sum()
 
 
-def _codes(tokens_BxN):
-  tokens = np.asarray(tokens_BxN)
+def _codes(tokens_BxT):
+  tokens = np.asarray(tokens_BxT)
   return tokens @ (V ** np.arange(tokens.shape[1])[::-1])
 
 
@@ -101,7 +101,7 @@ def test_engine_output_law_is_target_law(models, method, num_drafts, draft_len):
   out = _generate(draft, target, method, num_drafts, draft_len, n)
   assert np.all(np.asarray(out.lengths_B) == n)
   law = _exact_law(target, n)
-  stats.assert_law(np.bincount(_codes(out.tokens_BxN), minlength=law.size), law, method)
+  stats.assert_law(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, method)
   if draft_len:
     assert _residual_share(out, draft_len) >= 0.2
     assert float(np.mean(np.asarray(out.stats.rounds_B))) > 1.5  # several rounds: rollback
@@ -114,7 +114,7 @@ def test_engine_exact_for_transformed_target(models, temperature, top_k):
   out = _generate(draft, target, "kseq", 3, 2, 4, temperature=temperature, top_k=top_k)
   law = _exact_law(target, 4, temperature, top_k)
   what = f"kseq T={temperature} top_k={top_k}"
-  stats.assert_law(np.bincount(_codes(out.tokens_BxN), minlength=law.size), law, what)
+  stats.assert_law(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, what)
 
 
 @pytest.mark.slow
@@ -123,7 +123,7 @@ def test_engine_fixed_rho_and_rho_k(models):
   law = _exact_law(target, 4)
   for rho in ("k", 2.5):
     out = _generate(draft, target, "kseq", 3, 2, 4, rho=rho, key=5)
-    codes = _codes(out.tokens_BxN)
+    codes = _codes(out.tokens_BxT)
     stats.assert_law(np.bincount(codes, minlength=law.size), law, f"kseq rho={rho}")
 
 
@@ -136,13 +136,13 @@ def test_engine_rejects_broken_rollback(models, monkeypatch):
 
   draft, target = models
   engine._compiled.cache_clear()
-  monkeypatch.setattr(engine, "commit", no_rollback)
+  monkeypatch.setattr(rounds, "commit", no_rollback)
   try:
     out = _generate(draft, target, "kseq", 3, 2, 4)
   finally:
     engine._compiled.cache_clear()
   law = _exact_law(target, 4)
-  stats.assert_rejects(np.bincount(_codes(out.tokens_BxN), minlength=law.size), law, "no rollback")
+  stats.assert_rejects(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, "no rollback")
 
 
 @pytest.mark.parametrize("method, num_drafts, draft_len", [("kseq", 3, 3), ("sd", 1, 2)])
@@ -156,14 +156,14 @@ def test_greedy_equals_greedy_target_decoding(models, method, num_drafts, draft_
   spec = engine.generate(
     jax.random.key(1), method=method, num_drafts=num_drafts, draft_len=draft_len, **kw
   )
-  np.testing.assert_array_equal(np.asarray(ar.tokens_BxN), np.asarray(spec.tokens_BxN))
+  np.testing.assert_array_equal(np.asarray(ar.tokens_BxT), np.asarray(spec.tokens_BxT))
   # The reference: greedy argmax of the full forward, token by token.
   for row in range(3):
     seq = list(np.asarray(prompts[row, : lengths[row]]))
     for _ in range(9):
       logits = target.model.apply({"params": target.params}, jnp.asarray([seq]))
       seq.append(int(jnp.argmax(logits[0, -1])))
-    np.testing.assert_array_equal(np.asarray(ar.tokens_BxN[row]), seq[-9:])
+    np.testing.assert_array_equal(np.asarray(ar.tokens_BxT[row]), seq[-9:])
 
 
 def test_identical_models_accept_every_full_round(models):
@@ -179,7 +179,7 @@ def test_eos_stops_rows(models):
   draft, target = models
   eos = 3  # The target's most likely token.
   out = _generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos)
-  tokens, lengths = np.asarray(out.tokens_BxN), np.asarray(out.lengths_B)
+  tokens, lengths = np.asarray(out.tokens_BxT), np.asarray(out.lengths_B)
   assert np.any(lengths < 12)
   for row, n in zip(tokens, lengths, strict=True):
     assert np.all(row[n:] == 0)
@@ -212,7 +212,7 @@ def test_row_randomness_is_per_prompt(models):
     prompt_ids=jnp.asarray([2, 3]),
     **kw,
   )
-  np.testing.assert_array_equal(np.asarray(full.tokens_BxN[2:]), np.asarray(part.tokens_BxN))
+  np.testing.assert_array_equal(np.asarray(full.tokens_BxT[2:]), np.asarray(part.tokens_BxT))
 
 
 def test_sharded_equals_single_device(models):
@@ -225,7 +225,7 @@ def test_sharded_equals_single_device(models):
   kw.update(method="kseq", num_drafts=3, draft_len=2, max_new_tokens=8)
   single = engine.generate(jax.random.key(9), **kw)
   sharded = engine.generate(jax.random.key(9), mesh=mesh, **kw)
-  np.testing.assert_array_equal(np.asarray(single.tokens_BxN), np.asarray(sharded.tokens_BxN))
+  np.testing.assert_array_equal(np.asarray(single.tokens_BxT), np.asarray(sharded.tokens_BxT))
   np.testing.assert_array_equal(
     np.asarray(single.stats.rounds_B), np.asarray(sharded.stats.rounds_B)
   )

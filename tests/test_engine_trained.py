@@ -15,7 +15,8 @@ import pytest
 
 from configs import draft as draft_config
 from configs import target as target_config
-from spectr_jax import data, engine, train
+from spectr_jax import data, engine, runs, train
+from spectr_jax.config import TrainConfig
 from spectr_jax.models import reset_tails
 from tests import stats
 
@@ -25,7 +26,7 @@ NEW_TOKENS = 24
 
 def _trained(module, workdir, cache_dir, model):
   """A short run on 8k embedded sentences, long enough for the target to use its context."""
-  config = train.TrainConfig.from_dict(module.get_config("test").to_dict())
+  config = TrainConfig.from_dict(module.get_config("test").to_dict())
   data_config = dataclasses.replace(
     config.data, cache_dir=str(cache_dir), max_train_sentences=8000, vocab_size=1024, seq_len=64
   )
@@ -48,7 +49,7 @@ def pair(tmp_path_factory):
   draft = _trained(draft_config, tmp_path_factory.mktemp("draft"), cache, "draft-test")
   target_dir = tmp_path_factory.mktemp("target")
   target = _trained(target_config, target_dir, cache, "draft-tiny")
-  heldout = train.dataset_for(target_dir).heldout
+  heldout = runs.dataset_for(target_dir).heldout
   prompts = data.make_prompts(heldout, NUM_PROMPTS, 6, seed=0)
   return draft, target, jnp.asarray(prompts.tokens_BxT), jnp.asarray(prompts.lengths_B)
 
@@ -85,7 +86,7 @@ def _sample(pair, method, key, **kw):
     **kw,
   )
   assert np.all(np.asarray(out.lengths_B) == NEW_TOKENS)
-  return _row_logprob(target, prompts, lengths, out.tokens_BxN), out
+  return _row_logprob(target, prompts, lengths, out.tokens_BxT), out
 
 
 @pytest.mark.slow

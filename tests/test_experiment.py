@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from configs import lm1b_spectr, rho_ablation
-from spectr_jax import analysis, engine, experiment
+from spectr_jax import engine, experiment, pairs, results
+from spectr_jax.config import DecodeSettings, RhoAblationConfig, SweepConfig
 from spectr_jax.data import TokenizedSplit
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 
@@ -21,7 +22,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V = 16
 
 
-def random_pair(seed: int = 0) -> experiment.Pair:
+def random_pair(seed: int = 0) -> pairs.Pair:
   """Random-weight test models (V = 16) and 40 random held-out sentences."""
   draft_config = get_model_config("draft-test", V, max_len=32)
   target_config = get_model_config("target-test", V, max_len=32)
@@ -31,12 +32,12 @@ def random_pair(seed: int = 0) -> experiment.Pair:
   heldout = TokenizedSplit.from_ids(
     [list(rng.integers(4, V, rng.integers(1, 8))) for _ in range(40)]
   )
-  return experiment.make_pair(draft, target, heldout, what="random")
+  return pairs.make_pair(draft, target, heldout, what="random")
 
 
-def sweep_config(tmp_path, **changes) -> experiment.SweepConfig:
+def sweep_config(tmp_path, **changes) -> SweepConfig:
   """The "test" sweep with results in tmp_path (models come from `random_pair`)."""
-  config = experiment.SweepConfig.from_dict(lm1b_spectr.get_config("test").to_dict())
+  config = SweepConfig.from_dict(lm1b_spectr.get_config("test").to_dict())
   return dataclasses.replace(config, results_dir=str(tmp_path / "results"), **changes)
 
 
@@ -47,19 +48,21 @@ def pair():
 
 @pytest.mark.parametrize("arg", [None, "runlocal", "test", "source=lm1b_text,path=/data/lm1b"])
 def test_configs_convert(arg):
-  sweep = experiment.SweepConfig.from_dict(lm1b_spectr.get_config(arg).to_dict())
-  ablation = analysis.RhoAblationConfig.from_dict(rho_ablation.get_config(arg).to_dict())
+  sweep = SweepConfig.from_dict(lm1b_spectr.get_config(arg).to_dict())
+  ablation = RhoAblationConfig.from_dict(rho_ablation.get_config(arg).to_dict())
   assert ablation.sweep.name != sweep.name
   assert set(sweep.methods) <= set(engine.METHODS)
   if arg is None:
     assert (sweep.num_drafts, sweep.draft_lens, sweep.seeds) == ((1, 2, 4, 8), (2, 4, 8), (0, 1, 2))
-    assert (sweep.num_prompts, sweep.temperature) == (1000, 1.0)
+    assert (sweep.decoding.num_prompts, sweep.decoding.temperature) == (1000, 1.0)
     assert ("optimal" in sweep.methods) == ("optimal" in engine.METHODS)
   if arg and "lm1b_text" in arg:
-    assert sweep.draft.data.source == "lm1b_text" and sweep.draft.data.path == "/data/lm1b"
-    assert sweep.draft_workdir == "draft-lm1b_text"
+    assert sweep.pair.draft.data.source == "lm1b_text"
+    assert sweep.pair.draft.data.path == "/data/lm1b"
+    assert sweep.pair.draft_workdir == "draft-lm1b_text"
   if arg == "runlocal":
-    assert sweep.draft_workdir == "draft" and sweep.num_prompts < 100
+    assert sweep.pair.draft_workdir == "draft" and sweep.decoding.num_prompts < 100
+  assert not sweep.pair.train_missing and sweep.pair.kind == "embedded"
 
 
 def test_config_errors(tmp_path):
@@ -67,6 +70,26 @@ def test_config_errors(tmp_path):
     sweep_config(tmp_path, methods=("autoregressive", "beam"))
   with pytest.raises(ValueError, match="rho must be"):
     sweep_config(tmp_path, rhos=(0.5,))
+
+
+def test_missing_pair_is_an_error_naming_folders_and_command(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECTR_WORKDIR", str(tmp_path))
+  pair = sweep_config(tmp_path).pair
+  assert pair.kind == "embedded" and not pair.train_missing
+  with pytest.raises(pairs.MissingPairError) as error:
+    pairs.load_pair(pair)  # trains nothing: no checkpoint there
+  message = str(error.value)
+  assert str(tmp_path / pair.draft_workdir) in message and "experiments.train" in message
+  assert "train_missing=True" in message and not (tmp_path / pair.draft_workdir).exists()
+  trained = dataclasses.replace(pair, kind="trained")
+  with pytest.raises(pairs.MissingPairError, match="config.json is missing"):
+    pairs.load_pair(trained)
+  with pytest.raises(NotImplementedError, match="open-weights"):
+    pairs.load_pair(dataclasses.replace(pair, kind="pretrained"))
+  with pytest.raises(ValueError, match="train_missing needs"):
+    dataclasses.replace(trained, train_missing=True)
+  with pytest.raises(ValueError, match="unknown pair kind"):
+    dataclasses.replace(pair, kind="hub")
 
 
 def test_expand_grid(tmp_path):
@@ -99,8 +122,11 @@ def test_expand_grid(tmp_path):
 
 
 def test_cell_key_hashes_every_field():
-  cell = experiment.Cell("kseq", 4, 4, "star", 0, 1.0, 0, 1.0, 8, 8, 16, False, "abc")
+  settings = DecodeSettings(1.0, 0, 1.0, 8, 8, 16, False)
+  cell = experiment.Cell("kseq", 4, 4, "star", 0, settings, "abc")
   assert cell.key == dataclasses.replace(cell).key
+  # The key of the flat record, as before the decoding settings were grouped.
+  assert cell.key == "5169e11dd42760e1"
   changed = dict(
     method="specinfer",
     num_drafts=8,
@@ -116,33 +142,40 @@ def test_cell_key_hashes_every_field():
     stop_at_eos=True,
     pair="abd",
   )
-  assert set(changed) == {f.name for f in dataclasses.fields(cell)}
-  keys = {dataclasses.replace(cell, **{name: value}).key for name, value in changed.items()}
+  assert set(changed) == set(cell.as_record())
+
+  def changed_cell(name, value):
+    if name in settings.__dataclass_fields__:
+      return dataclasses.replace(cell, decoding=dataclasses.replace(settings, **{name: value}))
+    return dataclasses.replace(cell, **{name: value})
+
+  keys = {changed_cell(name, value).key for name, value in changed.items()}
   assert len(keys) == len(changed) and cell.key not in keys
 
 
 def test_pair_fingerprint_tracks_parameters_and_text(pair):
-  same = experiment.make_pair(pair.draft, pair.target, pair.heldout, other="description")
+  same = pairs.make_pair(pair.draft, pair.target, pair.heldout, other="description")
   assert same.fingerprint == pair.fingerprint
   target = ModelBundle(pair.target.config, jax.tree.map(lambda x: x * 1.5, pair.target.params))
-  assert experiment.make_pair(pair.draft, target, pair.heldout).fingerprint != pair.fingerprint
+  assert pairs.make_pair(pair.draft, target, pair.heldout).fingerprint != pair.fingerprint
   heldout = TokenizedSplit.from_ids([[5, 6]] + [list(pair.heldout.sentence(i)) for i in range(39)])
-  assert experiment.make_pair(pair.draft, pair.target, heldout).fingerprint != pair.fingerprint
+  assert pairs.make_pair(pair.draft, pair.target, heldout).fingerprint != pair.fingerprint
   assert pair.cost_ratio == pair.description["draft_params"] / pair.description["target_params"]
 
 
 def test_load_results_cuts_a_partial_last_line(tmp_path):
-  path = tmp_path / experiment.RESULTS_FILE
+  path = tmp_path / results.RESULTS_FILE
   lines = [json.dumps({"key": k, "x": i}) + "\n" for i, k in enumerate("aab")]
   path.write_text("".join(lines) + '{"key": "c", "x"')
-  records = experiment.load_results(tmp_path)
+  records = results.load_results(tmp_path)
   assert sorted(records) == ["a", "b"] and records["a"]["x"] == 0  # the first record of a key
   assert path.read_text() == "".join(lines)
-  assert experiment.load_results(tmp_path / "missing") == {}
+  assert results.load_results(tmp_path / "missing") == {}
 
 
 def test_run_cell_does_not_depend_on_batching(pair):
-  cell = experiment.Cell("sd", 1, 2, None, 3, 1.0, 0, 1.0, 5, 4, 6, False, pair.fingerprint)
+  settings = DecodeSettings(1.0, 0, 1.0, 5, 4, 6, False)
+  cell = experiment.Cell("sd", 1, 2, None, 3, settings, pair.fingerprint)
   one = experiment.run_cell(cell, pair, batch_size=5)
   split = experiment.run_cell(cell, pair, batch_size=2)
   for field in ("emitted", "rounds", "draft_calls", "tokens_per_round", "reached", "hits"):
@@ -155,14 +188,14 @@ def test_run_cell_does_not_depend_on_batching(pair):
 def test_sweep_writes_one_line_per_cell_and_resumes(pair, tmp_path, monkeypatch):
   config = sweep_config(tmp_path, methods=("autoregressive", "sd"), shard=False)
   records = experiment.run_sweep(config, pair, provenance_config={"name": "test"})
-  path = config.results_path / experiment.RESULTS_FILE
+  path = config.results_path / results.RESULTS_FILE
   lines = path.read_text().splitlines()
   assert len(records) == len(lines) == 4
   assert [json.loads(line)["key"] for line in lines] == [r["key"] for r in records]
   first = json.loads(lines[0])
   assert first["cell"]["pair"] == pair.fingerprint and first["device_kind"]
   assert first["draft_params"] == pair.description["draft_params"]
-  provenance = json.loads((config.results_path / experiment.PROVENANCE_FILE).read_text())
+  provenance = json.loads((config.results_path / results.PROVENANCE_FILE).read_text())
   assert provenance["config"] == {"name": "test"} and provenance["run"] == first["run"]
   assert {"jax", "numpy"} <= set(provenance["versions"]) and provenance["git_revision"]
   assert provenance["device_kind"] and provenance["num_devices"] == len(jax.devices())
@@ -200,28 +233,29 @@ def _lines(path):
 
 @pytest.mark.slow
 def test_killed_sweep_resumes_and_runs_no_cell_twice(tmp_path):
-  """Kills `experiments.sweep` after its first cell, reruns it, checks the results file.
+  """Kills `experiments.sweep` after its first cell, reruns it, checks the results_file file.
 
   The first run also trains the tiny test pair (its checkpoints are missing).
   """
   env = dict(os.environ, SPECTR_WORKDIR=str(tmp_path))
   command = [sys.executable, "-m", "experiments.sweep", "--config", "configs/lm1b_spectr.py:test"]
-  results = tmp_path / "experiments" / "lm1b_spectr-test" / experiment.RESULTS_FILE
+  command.append("--config.pair.train_missing=True")
+  results_file = tmp_path / "experiments" / "lm1b_spectr-test" / results.RESULTS_FILE
   process = subprocess.Popen(command, cwd=_REPO, env=env, stderr=subprocess.DEVNULL)
   deadline = time.time() + 240
-  while time.time() < deadline and process.poll() is None and not _lines(results):
+  while time.time() < deadline and process.poll() is None and not _lines(results_file):
     time.sleep(0.02)
   process.send_signal(signal.SIGKILL)
   process.wait()
-  before = _lines(results)
+  before = _lines(results_file)
   total = len(lm1b_spectr.get_config("test").seeds) * 3
   assert 1 <= len(before) < total, "the sweep was not killed mid-way"
   subprocess.run(command, cwd=_REPO, env=env, check=True, stderr=subprocess.DEVNULL)
-  after = _lines(results)
+  after = _lines(results_file)
   keys = [json.loads(line)["key"] for line in after]
   assert after[: len(before)] == before
   assert len(after) == len(set(keys)) == total
-  runs = _lines(results.parent / experiment.PROVENANCE_FILE)
+  runs = _lines(results_file.parent / results.PROVENANCE_FILE)
   assert len(runs) == 2 and {json.loads(line)["run"] for line in after} == {
     json.loads(run)["run"] for run in runs
   }

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from configs import lm1b_spectr
-from spectr_jax import analysis, experiment, metrics, report
+from spectr_jax import experiment, metrics, report, results
+from spectr_jax.config import DecodeSettings, SweepConfig
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,12 +33,11 @@ def test_bootstrap_ratio_estimate_and_width():
 
 
 def _record(method, k, draft_len, seed, emitted, rounds, seconds, rho=None, pair="p"):
-  cell = experiment.Cell(
-    method, k, draft_len, rho, seed, 1.0, 0, 1.0, len(emitted), 8, 16, False, pair
-  )
+  settings = DecodeSettings(1.0, 0, 1.0, len(emitted), 8, 16, False)
+  cell = experiment.Cell(method, k, draft_len, rho, seed, settings, pair)
   return {
     "key": cell.key,
-    "cell": {f: getattr(cell, f) for f in cell.__dataclass_fields__},
+    "cell": cell.as_record(),
     "emitted": emitted,
     "rounds": rounds,
     "reached": [sum(rounds)] + [0] * draft_len,
@@ -80,11 +80,11 @@ def test_summarize_rows():
 def _write(directory, records, runs=("p",)):
   directory.mkdir(parents=True, exist_ok=True)
   lines = "".join(json.dumps(r) + "\n" for r in records)
-  (directory / experiment.RESULTS_FILE).write_text(lines)
+  (directory / results.RESULTS_FILE).write_text(lines)
   provenance = "".join(
     json.dumps({"run": i, "pair": {"fingerprint": p}}) + "\n" for i, p in enumerate(runs)
   )
-  (directory / experiment.PROVENANCE_FILE).write_text(provenance)
+  (directory / results.PROVENANCE_FILE).write_text(provenance)
 
 
 def test_write_report_tables_and_plots(tmp_path):
@@ -106,7 +106,7 @@ def test_write_report_tables_and_plots(tmp_path):
       {"K": k, "strategy": "optimal", "acceptance": 0.9, "optimal": 0.9, "gap": 0.0},
     ]
   result = {"key": "k", "positions": 10, "single": 0.6, "rows": rows}
-  (tmp_path / analysis.ANALYSIS_FILE).write_text(json.dumps(result))
+  (tmp_path / results.ANALYSIS_FILE).write_text(json.dumps(result))
   markdown = report.write_report(tmp_path)
   out = tmp_path / report.REPORT_DIR
   assert (out / "table.md").read_text() == markdown
@@ -120,16 +120,16 @@ def test_write_report_tables_and_plots(tmp_path):
 
 
 def test_report_keeps_the_configs_cells_of_the_latest_pair(tmp_path):
-  config = experiment.SweepConfig.from_dict(lm1b_spectr.get_config("test").to_dict())
+  config = SweepConfig.from_dict(lm1b_spectr.get_config("test").to_dict())
   cells = experiment.expand(config, "new")
-  records = [
-    {"key": c.key, "cell": {f: getattr(c, f) for f in c.__dataclass_fields__}} for c in cells
-  ]
+  records = [{"key": c.key, "cell": c.as_record()} for c in cells]
   old = [dict(r, key=r["key"] + "-old", cell=dict(r["cell"], pair="old")) for r in records]
   _write(tmp_path, old[:1] + records[:2] + old[1:], runs=("old", "new"))
-  kept = report._records_for(config, tmp_path)
+  assert results.latest_pair_fingerprint(tmp_path) == "new"
+  keys = [c.key for c in experiment.expand(config, results.latest_pair_fingerprint(tmp_path))]
+  kept = report.records_for(tmp_path, keys)
   assert [r["key"] for r in kept] == [c.key for c in cells[:2]]
-  assert len(report._records_for(None, tmp_path)) == len(old) + 2
+  assert len(report.records_for(tmp_path)) == len(old) + 2
 
 
 def test_report_entry_point(tmp_path):

@@ -15,14 +15,15 @@ import pytest
 from configs import draft as draft_config
 from configs import eval_pair as eval_pair_config
 from configs import target as target_config
-from spectr_jax import analysis, data, evaluate, train
+from spectr_jax import analysis, data, evaluate, runs, train
+from spectr_jax.config import EvalConfig, TrainConfig
 from spectr_jax.models import ModelBundle, init_params
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _test_config(module, cache_dir, **changes) -> train.TrainConfig:
-  config = train.TrainConfig.from_dict(module.get_config("test").to_dict())
+def _test_config(module, cache_dir, **changes) -> TrainConfig:
+  config = TrainConfig.from_dict(module.get_config("test").to_dict())
   config = dataclasses.replace(config, data=dataclasses.replace(config.data, cache_dir=cache_dir))
   return dataclasses.replace(config, **changes)
 
@@ -55,8 +56,8 @@ def _assert_params_equal(a, b):
 @pytest.mark.parametrize("module", [draft_config, target_config])
 @pytest.mark.parametrize("arg", [None, "runlocal", "test"])
 def test_configs_convert(module, arg):
-  config = train.TrainConfig.from_dict(module.get_config(arg).to_dict())
-  assert train.TrainConfig.from_dict(config.to_dict()) == config
+  config = TrainConfig.from_dict(module.get_config(arg).to_dict())
+  assert TrainConfig.from_dict(config.to_dict()) == config
   model = config.model_config()
   assert model.vocab_size == config.data.vocab_size
   assert model.max_len >= config.data.seq_len
@@ -66,7 +67,7 @@ def test_config_argument_errors():
   with pytest.raises(ValueError, match="unknown config argument"):
     target_config.get_config("runlcal")
   with pytest.raises(ValueError, match="unknown TrainConfig fields"):
-    train.TrainConfig.from_dict({"num_step": 3})
+    TrainConfig.from_dict({"num_step": 3})
 
 
 def test_training_lowers_the_heldout_loss(target_run):
@@ -84,20 +85,20 @@ def test_training_lowers_the_heldout_loss(target_run):
 
 def test_checkpoint_restores_params_tokenizer_and_meta(target_run):
   config, workdir, bundle = target_run
-  assert train.latest_step(workdir) == config.num_steps
-  loaded = train.load_bundle(workdir)
+  assert runs.latest_step(workdir) == config.num_steps
+  loaded = runs.load_bundle(workdir)
   assert loaded.config == bundle.config
   _assert_params_equal(loaded.params, bundle.params)
-  assert train.load_config(workdir) == config
-  meta = train.checkpoint_meta(workdir)
+  assert runs.load_config(workdir) == config
+  meta = runs.checkpoint_meta(workdir)
   assert meta["step"] == config.num_steps
   assert meta["positions_seen"] == config.num_steps * config.batch_size * config.data.seq_len
   assert 0.5 < meta["row_fill"] < 1.0
   assert meta["wall_time_s"] > 0
-  tokenizer = train.load_tokenizer(workdir)
+  tokenizer = runs.load_tokenizer(workdir)
   assert tokenizer.model_proto == data.load_dataset(config.data).tokenizer.model_proto
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["10", "20"]
-  intermediate = train.load_bundle(workdir, step=10)
+  intermediate = runs.load_bundle(workdir, step=10)
   assert not np.array_equal(
     jax.tree.leaves(intermediate.params)[0], jax.tree.leaves(bundle.params)[0]
   )
@@ -106,12 +107,12 @@ def test_checkpoint_restores_params_tokenizer_and_meta(target_run):
 def test_resumed_run_equals_uninterrupted_run(target_run, tmp_path):
   config, _, reference = target_run
   partial = train.train(config, tmp_path, stop_at_step=7)
-  assert train.latest_step(tmp_path) == 7
+  assert runs.latest_step(tmp_path) == 7
   assert not np.array_equal(
     jax.tree.leaves(partial.params)[0], jax.tree.leaves(reference.params)[0]
   )
   resumed = train.train(config, tmp_path)
-  assert train.latest_step(tmp_path) == config.num_steps
+  assert runs.latest_step(tmp_path) == config.num_steps
   _assert_params_equal(resumed.params, reference.params)
 
 
@@ -129,12 +130,12 @@ def test_train_or_load_does_not_retrain(target_run, monkeypatch):
 
 def test_checkpoint_errors(target_run, tmp_path):
   config, workdir, _ = target_run
-  with pytest.raises(train.CheckpointError, match="learning_rate"):
+  with pytest.raises(runs.CheckpointError, match="learning_rate"):
     train.train_or_load(dataclasses.replace(config, learning_rate=1.0), workdir)
-  with pytest.raises(train.CheckpointError, match="config.json is missing"):
-    train.load_bundle(tmp_path)
-  with pytest.raises(train.CheckpointError, match="no checkpoint for step 13"):
-    train.load_bundle(workdir, step=13)
+  with pytest.raises(runs.CheckpointError, match="config.json is missing"):
+    runs.load_bundle(tmp_path)
+  with pytest.raises(runs.CheckpointError, match="no checkpoint for step 13"):
+    runs.load_bundle(workdir, step=13)
 
 
 def test_model_too_short_for_rows(cache_dir, tmp_path):
@@ -144,7 +145,7 @@ def test_model_too_short_for_rows(cache_dir, tmp_path):
     train.train(config, tmp_path)
 
 
-def test_sample_target_keeps_prompts_and_matches_greedy_reference(target_run):
+def test_trajectories_keep_prompts_and_match_greedy_reference(target_run):
   config, _, bundle = target_run
   dataset = data.load_dataset(config.data)
   prompts = data.make_prompts(dataset.heldout, num_prompts=3, prompt_len=5, seed=0)
@@ -152,9 +153,9 @@ def test_sample_target_keeps_prompts_and_matches_greedy_reference(target_run):
   lengths[1] = 3
   tokens = prompts.tokens_BxT.copy()
   tokens[1, 3:] = data.PAD_ID
-  out = np.asarray(
-    analysis.sample_target(bundle, tokens, lengths, 4, jax.random.key(0), jnp.float32(1e-4))
-  )
+  prompts = data.Prompts(tokens, lengths, prompts.sentence_index_B)
+  traj = analysis.collect_trajectories(bundle, bundle, prompts, 4, jax.random.key(0), 0.0)
+  out = np.asarray(traj.tokens_BxW)
   forward = jax.jit(lambda tokens: bundle.model.apply({"params": bundle.params}, tokens))
   reference = np.full_like(out, data.PAD_ID)
   for b in range(3):
@@ -175,7 +176,7 @@ def test_evaluate_pair(draft_run, target_run, tmp_path):
   _, draft_dir, _ = draft_run
   _, target_dir, _ = target_run
   c = eval_pair_config.get_config("test")
-  config = evaluate.EvalConfig(**{f: c[f] for f in evaluate.EvalConfig.__dataclass_fields__})
+  config = EvalConfig(**{f: c[f] for f in EvalConfig.__dataclass_fields__})
   output = tmp_path / "pair.json"
   results = evaluate.evaluate_workdirs(draft_dir, target_dir, config, output)
   assert output.is_file()
@@ -216,7 +217,7 @@ def test_killed_subprocess_resumes_to_the_uninterrupted_result(cache_dir, tmp_pa
     time.sleep(0.05)
   process.send_signal(signal.SIGKILL)
   process.wait()
-  stopped_at = train.latest_step(tmp_path / "killed")
+  stopped_at = runs.latest_step(tmp_path / "killed")
   assert stopped_at is not None and stopped_at < 60
   resumed = train.train(config, tmp_path / "killed")
   _assert_params_equal(resumed.params, reference.params)

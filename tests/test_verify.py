@@ -8,6 +8,7 @@ runs a deliberately broken variant and must reject it.
 import functools
 import itertools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -383,3 +384,23 @@ def _block(method="kseq", draft_len=2, q_len=3):
 def test_bad_input(call, message):
   with pytest.raises(ValueError, match=message):
     call()
+
+
+class WalkTest(chex.TestCase):
+  """`verify.walk`, the engine's seam, is `verify_block` without the checks, with and
+  without jit."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_walk_matches_verify_block(self):
+    k, draft_len, v = 3, 4, 6
+    rng = np.random.default_rng(0)
+    p_KxLxV = jnp.asarray(rng.dirichlet(np.ones(v), (k, draft_len)), jnp.float32)
+    q_KxL1xV = jnp.asarray(rng.dirichlet(np.ones(v), (k, draft_len + 1)), jnp.float32)
+    drafts_KxL = jnp.asarray(rng.integers(0, v, (k, draft_len)), jnp.int32)
+    walk = self.variant(functools.partial(verify.walk, method="kseq", rho_mode="star"))
+    for seed in range(4):
+      key = jax.random.key(seed)
+      got = walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, jnp.float32(0.0))
+      want = verify.verify_block(key, drafts_KxL, p_KxLxV, q_KxL1xV, return_stats=True)
+      chex.assert_shape(got[0], (draft_len + 1,))
+      chex.assert_trees_all_equal(got, want)

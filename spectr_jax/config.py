@@ -1,0 +1,330 @@
+"""The configuration boundary: every frozen dataclass the library takes, built in one place.
+
+Config files (`configs/*.py`) return `ml_collections.ConfigDict`s; the entry points turn
+them into these dataclasses with the `from_dict` builders here (`ConfigDict.to_dict()`
+or saved JSON in, a validated, frozen config out), and nothing below the entry points
+reads a ConfigDict.
+
+  TrainConfig        one training run (model, data, optimizer, logistics).
+  PairConfig         where a draft/target pair comes from: "embedded" (trained by this
+                     repository from two TrainConfigs), "trained" (existing run
+                     directories) or "pretrained" (checkpoint directories; not yet).
+  DecodeSettings     how prompts are drawn and decoded (shared by sweep, cell and bench).
+  SweepConfig        a decoding sweep: a pair, the grid and the decoding settings.
+  AnalysisConfig     the per-position part of the rho ablation.
+  RhoAblationConfig  the rho ablation: a sweep and an analysis.
+  EvalConfig         the evaluation of a pair (perplexity, single-draft acceptance).
+"""
+
+import dataclasses
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from spectr_jax import acceptance, engine
+from spectr_jax.data import EOS_ID, DataConfig, default_workdir
+from spectr_jax.models import ModelConfig, get_model_config
+
+METHODS = engine.METHODS  # "autoregressive" and every method of `verify.METHODS`.
+PAIR_KINDS = ("embedded", "trained", "pretrained")
+
+
+def _known(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+  """`values` as a dict, with a clear error for names that are not fields of `cls`."""
+  values = dict(values)
+  unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+  if unknown:
+    raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}")
+  return values
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Everything that decides a training run.
+
+  Attributes:
+    model: a name accepted by `spectr_jax.models.get_model_config`.
+    model_overrides: `ModelConfig` fields that replace the named values.
+    data: the data configuration (its `vocab_size` is the model's).
+    seed: seeds the initial parameters and the batch order.
+    batch_size: rows per step (each `data.seq_len` tokens).
+    num_steps: optimizer steps of the whole run.
+    learning_rate: peak learning rate.
+    warmup_steps: linear warm-up from 0 to the peak.
+    min_lr_ratio: the cosine decay ends at `learning_rate * min_lr_ratio`.
+    weight_decay: AdamW decoupled weight decay (matrices only, not norm scales).
+    adam_b1: AdamW beta1.
+    adam_b2: AdamW beta2.
+    grad_clip_norm: clip gradients to this global norm.
+    eval_every: steps between held-out evaluations (and at the end).
+    eval_rows: held-out rows of `seq_len + 1` tokens per evaluation (0 = all).
+    checkpoint_every: steps between checkpoints (and at the end).
+    keep_checkpoints: how many recent checkpoints to keep.
+    log_every: steps between progress lines.
+    num_devices: data-parallel devices (0 = all local devices); the batch is split.
+  """
+
+  model: str = "target-small"
+  model_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  data: DataConfig = DataConfig()
+  seed: int = 0
+  batch_size: int = 32
+  num_steps: int = 1000
+  learning_rate: float = 3e-3
+  warmup_steps: int = 100
+  min_lr_ratio: float = 0.1
+  weight_decay: float = 0.1
+  adam_b1: float = 0.9
+  adam_b2: float = 0.95
+  grad_clip_norm: float = 1.0
+  eval_every: int = 200
+  eval_rows: int = 512
+  checkpoint_every: int = 200
+  keep_checkpoints: int = 3
+  log_every: int = 20
+  num_devices: int = 1
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
+    """Builds a config from a nested mapping (a `ConfigDict.to_dict()` or saved JSON)."""
+    values = _known(cls, values)
+    data = DataConfig(**dict(values.pop("data", {})))
+    overrides = dict(values.pop("model_overrides", {}))
+    return cls(data=data, model_overrides=overrides, **values)
+
+  def to_dict(self) -> dict[str, Any]:
+    """Returns a JSON-able nested dict; `from_dict` inverts it."""
+    values = dataclasses.asdict(self)
+    values["model_overrides"] = dict(self.model_overrides)
+    return values
+
+  def model_config(self) -> ModelConfig:
+    """Returns the model's hyper-parameters."""
+    return get_model_config(self.model, self.data.vocab_size, **self.model_overrides)
+
+
+def resolve(path: str | pathlib.Path) -> pathlib.Path:
+  """`path` itself when absolute, else relative to $SPECTR_WORKDIR."""
+  return default_workdir() / pathlib.Path(path).expanduser()
+
+
+@dataclasses.dataclass(frozen=True)
+class PairConfig:
+  """Where a draft/target pair comes from.
+
+  Attributes:
+    kind: "embedded": the pair this repository trains from `draft` and `target` (a run of
+      another config in a workdir is an error); "trained": existing run directories, read
+      as they are; "pretrained": checkpoint directories of published models (not yet).
+    draft_workdir, target_workdir: the two directories (relative to $SPECTR_WORKDIR
+      unless absolute).
+    draft, target: the training configs ("embedded" only).
+    train_missing: train an "embedded" model whose final checkpoint is missing (else a
+      missing model is an error that names the command that trains it).
+  """
+
+  kind: str
+  draft_workdir: str
+  target_workdir: str
+  draft: TrainConfig | None = None
+  target: TrainConfig | None = None
+  train_missing: bool = False
+
+  def __post_init__(self):
+    if self.kind not in PAIR_KINDS:
+      raise ValueError(f"unknown pair kind {self.kind!r}; expected one of {PAIR_KINDS}")
+    if self.kind == "embedded" and (self.draft is None or self.target is None):
+      raise ValueError("an 'embedded' pair needs the draft and target training configs")
+    if self.train_missing and self.kind != "embedded":
+      raise ValueError(f"train_missing needs an 'embedded' pair, not {self.kind!r}")
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "PairConfig":
+    """Builds the config from a nested mapping (a `ConfigDict.to_dict()`)."""
+    values = _known(cls, values)
+    for role in ("draft", "target"):
+      if values.get(role):
+        values[role] = TrainConfig.from_dict(values[role])
+      else:
+        values[role] = None
+    return cls(**values)
+
+  @property
+  def workdirs(self) -> tuple[pathlib.Path, pathlib.Path]:
+    """The draft's and the target's directories, resolved."""
+    return resolve(self.draft_workdir), resolve(self.target_workdir)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+  """How prompts are drawn and decoded (everything of a cell but method, K, L, rho, seed).
+
+  Attributes:
+    temperature: sampling temperature of both models (0 is greedy).
+    top_k: keep the top_k most likely tokens (0 = all).
+    top_p: nucleus mass (1.0 = no truncation).
+    num_prompts: held-out sentence starts decoded per seed.
+    prompt_len: sentence tokens per prompt (after BOS).
+    max_new_tokens: tokens generated per prompt.
+    stop_at_eos: stop a row at EOS (False: decode on into the next sentence).
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  num_prompts: int = 32
+  prompt_len: int = 8
+  max_new_tokens: int = 64
+  stop_at_eos: bool = False
+
+  def __post_init__(self):
+    if self.num_prompts < 1:
+      raise ValueError("num_prompts must be >= 1")
+    # Normalise the types, so equal settings hash (and key cells) equally.
+    object.__setattr__(self, "temperature", float(self.temperature))
+    object.__setattr__(self, "top_k", int(self.top_k))
+    object.__setattr__(self, "top_p", float(self.top_p))
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "DecodeSettings":
+    """Builds the settings from a mapping (a `ConfigDict.to_dict()`)."""
+    return cls(**_known(cls, values))
+
+  def sampling_args(self) -> dict[str, Any]:
+    """The `engine.generate` arguments these settings fix: temperature, top_k, top_p,
+    eos_id (None where there is no truncation or no stop token)."""
+    return dict(
+      temperature=self.temperature,
+      top_k=self.top_k or None,
+      top_p=None if self.top_p >= 1 else self.top_p,
+      eos_id=EOS_ID if self.stop_at_eos else None,
+    )
+
+
+def check_rho(rho: str | float) -> str | float:
+  """A K-SEQ split factor as the grid stores it: "star", "k" or a float >= 1.
+
+  Raises ValueError otherwise (the check is `acceptance.split_rho`'s, the one parser).
+  """
+  acceptance.split_rho(rho)
+  return rho if isinstance(rho, str) else float(rho)
+
+
+def rhos_for(rhos: Sequence[str | float], k: int) -> list[str | float]:
+  """The strategies that differ at k drafts: a fixed rho above k would be clipped to k."""
+  return [r for r in rhos if isinstance(r, str) or r <= k]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+  """A sweep (see `configs/lm1b_spectr.py` for the meaning of every field)."""
+
+  name: str
+  results_dir: str
+  pair: PairConfig
+  methods: tuple[str, ...]
+  num_drafts: tuple[int, ...]
+  draft_lens: tuple[int, ...]
+  rhos: tuple[str | float, ...]
+  seeds: tuple[int, ...]
+  decoding: DecodeSettings
+  batch_size: int
+  shard: bool
+  compilation_cache: str
+
+  def __post_init__(self):
+    unknown = set(self.methods) - set(METHODS)
+    if unknown:
+      raise ValueError(f"unknown methods {sorted(unknown)}; this build has {METHODS}")
+    for rho in self.rhos:
+      try:
+        check_rho(rho)
+      except ValueError:
+        raise ValueError(f"rho must be 'star', 'k' or a number >= 1, got {rho!r}") from None
+    if self.batch_size < 1:
+      raise ValueError("batch_size must be >= 1")
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "SweepConfig":
+    """Builds the config from a nested mapping (a `ConfigDict.to_dict()`)."""
+    values = _known(cls, values)
+    values["pair"] = PairConfig.from_dict(values["pair"])
+    values["decoding"] = DecodeSettings.from_dict(values["decoding"])
+    for name in ("methods", "num_drafts", "draft_lens", "rhos", "seeds"):
+      values[name] = tuple(values[name])
+    return cls(**values)
+
+  @property
+  def results_path(self) -> pathlib.Path:
+    """The directory of results.jsonl ($SPECTR_WORKDIR/experiments/<name> by default)."""
+    return resolve(self.results_dir or f"experiments/{self.name}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AnalysisConfig:
+  """The per-position part of the rho ablation (see `configs/rho_ablation.py`).
+
+  The prompts are the first `num_prompts` of the sweep's prompt set for its first seed;
+  rhos and decoding settings are the sweep's.
+  """
+
+  num_drafts: tuple[int, ...]
+  num_prompts: int
+  num_tokens: int
+  batch_size: int
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "AnalysisConfig":
+    """Builds the config from a mapping (a `ConfigDict.to_dict()`)."""
+    values = _known(cls, values)
+    return cls(**dict(values, num_drafts=tuple(values["num_drafts"])))
+
+
+@dataclasses.dataclass(frozen=True)
+class RhoAblationConfig:
+  """The block-level sweep and the per-position analysis of `configs/rho_ablation.py`."""
+
+  sweep: SweepConfig
+  analysis: AnalysisConfig
+
+  def __post_init__(self):
+    if self.analysis.num_prompts > self.sweep.decoding.num_prompts:
+      raise ValueError(
+        f"analysis.num_prompts ({self.analysis.num_prompts}) exceeds the sweep's prompt set "
+        f"({self.sweep.decoding.num_prompts})"
+      )
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "RhoAblationConfig":
+    """Builds the config from a nested mapping (a `ConfigDict.to_dict()`)."""
+    values = _known(cls, values)
+    return cls(SweepConfig.from_dict(values["sweep"]), AnalysisConfig.from_dict(values["analysis"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """What `evaluate.evaluate_pair` measures.
+
+  Attributes:
+    eval_rows: held-out rows of `seq_len + 1` tokens for perplexity and teacher-forced
+      acceptance (0 = all).
+    batch_size: rows per forward pass.
+    num_prompts: prompts (held-out sentence starts) for the sampled acceptance.
+    prompt_len: sentence ids per prompt (after BOS).
+    num_tokens: tokens sampled from the target after each prompt.
+    temperature: sampling temperature of the target (and of both distributions).
+    seed: selects the prompts and seeds the sampling.
+  """
+
+  eval_rows: int = 0
+  batch_size: int = 32
+  num_prompts: int = 64
+  prompt_len: int = 8
+  num_tokens: int = 32
+  temperature: float = 1.0
+  seed: int = 0
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "EvalConfig":
+    """Builds the config from a mapping (a `ConfigDict.to_dict()`)."""
+    return cls(**_known(cls, values))

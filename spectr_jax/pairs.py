@@ -1,0 +1,138 @@
+"""The draft/target pair a sweep or an analysis decodes with, and where it comes from.
+
+`load_pair` reads a pair described by a `config.PairConfig`; it trains nothing unless
+the config asks for it (`train_missing=True`, which the main job passes). A missing
+model is a `MissingPairError` naming the folders looked in and the command that trains
+them.
+"""
+
+import dataclasses
+import hashlib
+import pathlib
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from spectr_jax import runs, train
+from spectr_jax.config import PairConfig
+from spectr_jax.data import TokenizedSplit
+from spectr_jax.models import ModelBundle, count_params
+
+
+class MissingPairError(FileNotFoundError):
+  """A model of the pair is not where the config says (and was not to be trained)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+  """A draft/target pair with the held-out text that prompts are drawn from.
+
+  Attributes:
+    draft, target: the models.
+    heldout: held-out sentences (prompts are their starts).
+    fingerprint: hash of both models' parameters and the held-out text; part of every
+      cell key, so results of other models are never mistaken for these.
+    description: JSON-able facts about the pair (workdirs, sizes) for the provenance.
+  """
+
+  draft: ModelBundle
+  target: ModelBundle
+  heldout: TokenizedSplit
+  fingerprint: str
+  description: dict[str, Any]
+
+  @property
+  def cost_ratio(self) -> float:
+    """Draft parameters / target parameters (the latency model's draft step cost)."""
+    return self.description["draft_params"] / self.description["target_params"]
+
+
+def make_pair(
+  draft: ModelBundle, target: ModelBundle, heldout: TokenizedSplit, **description: Any
+) -> Pair:
+  """Builds a `Pair`, fingerprinting the parameters and the held-out text."""
+  digest = hashlib.sha256()
+  for leaf in (*jax.tree.leaves((draft.params, target.params)), heldout.tokens, heldout.offsets):
+    digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+  description = dict(
+    description, draft_params=count_params(draft.params), target_params=count_params(target.params)
+  )
+  return Pair(draft, target, heldout, digest.hexdigest()[:16], description)
+
+
+def _missing(role: str, workdir: pathlib.Path, why: str) -> MissingPairError:
+  return MissingPairError(
+    f"no trained {role} model in {workdir} ({why}). Train it with `python -m "
+    f"experiments.train --config configs/{role}.py[:ARG] --workdir {workdir}` (ARG as in the "
+    "sweep's config, e.g. runlocal) or `bash scripts/train_pair.sh`, or rerun with "
+    "--config.pair.train_missing=True (--config.sweep.pair.train_missing=True for the rho "
+    "ablation)"
+  )
+
+
+def _embedded_model(config: PairConfig, role: str, workdir: pathlib.Path) -> ModelBundle:
+  """The final checkpoint of `role`'s training config, trained first when asked to."""
+  train_config = getattr(config, role)
+  if runs.is_finished(train_config, workdir):
+    return runs.load_bundle(workdir)
+  if not config.train_missing:
+    step = runs.latest_step(workdir)
+    found = "no checkpoint" if step is None else f"the newest checkpoint is step {step}"
+    raise _missing(role, workdir, f"{found}; the final one is step {train_config.num_steps}")
+  return train.train(train_config, workdir)
+
+
+def _trained_model(role: str, workdir: pathlib.Path) -> ModelBundle:
+  try:
+    return runs.load_bundle(workdir)
+  except runs.CheckpointError as error:
+    raise _missing(role, workdir, str(error)) from error
+
+
+def load_pair(config: PairConfig) -> Pair:
+  """Loads the pair that `config` describes (see `config.PairConfig`).
+
+  Raises:
+    MissingPairError: a model is missing and `config.train_missing` is False.
+    NotImplementedError: for "pretrained" pairs (loading published checkpoints is the
+      open-weights work, not done yet).
+  """
+  if config.kind == "pretrained":
+    raise NotImplementedError(
+      f"pretrained pairs ({config.draft_workdir}, {config.target_workdir}) are not supported "
+      "yet: loading published checkpoints is the open-weights work; use an 'embedded' or "
+      "'trained' pair"
+    )
+  dirs = dict(zip(("draft", "target"), config.workdirs, strict=True))
+  if config.kind == "embedded":
+    models = {role: _embedded_model(config, role, path) for role, path in dirs.items()}
+  else:
+    models = {role: _trained_model(role, path) for role, path in dirs.items()}
+  if (
+    runs.load_tokenizer(dirs["draft"]).model_proto
+    != runs.load_tokenizer(dirs["target"]).model_proto
+  ):
+    raise ValueError(f"{dirs['draft']} and {dirs['target']} use different tokenizers")
+  target_run = runs.load_config(dirs["target"])
+  return make_pair(
+    models["draft"],
+    models["target"],
+    runs.dataset_for(dirs["target"]).heldout,
+    draft_workdir=str(dirs["draft"]),
+    target_workdir=str(dirs["target"]),
+    draft_model=runs.load_config(dirs["draft"]).model,
+    target_model=target_run.model,
+    data_source=target_run.data.source,
+  )
+
+
+def replicate(pair: Pair, mesh: jax.sharding.Mesh) -> Pair:
+  """The pair with both models' parameters replicated over `mesh` (restored checkpoints
+  sit on one device, which a computation over the whole mesh cannot take)."""
+  replicated = NamedSharding(mesh, PartitionSpec())
+  draft, target = (
+    ModelBundle(m.config, jax.device_put(m.params, replicated)) for m in (pair.draft, pair.target)
+  )
+  return dataclasses.replace(pair, draft=draft, target=target)

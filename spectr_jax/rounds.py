@@ -1,0 +1,344 @@
+"""The pieces of one decoding round of `spectr_jax.engine` (public for benchmarks).
+
+A round, for every row of the batch at once: `draft` (K sequences of L tokens from the
+draft model under `lax.scan`, keeping the distributions p), `score` (one target call on
+all K x (L + 1) positions, giving q), `verify_rows` (the block walk of `verify.walk` per
+row) and the commit of the accepted tokens to both caches (`step` runs all of them).
+`init_state` prefills the caches. Everything here runs inside the engine's jitted
+`lax.while_loop`; `DecodeSpec` is static, `Traced` holds the traced settings.
+"""
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from spectr_jax import sampling, verify
+from spectr_jax.models import KVCache, ModelConfig, Transformer, commit, init_cache
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+  """Everything that fixes the compiled program (static under jit)."""
+
+  method: str
+  num_drafts: int
+  draft_len: int
+  max_new_tokens: int
+  top_k: int | None
+  use_top_p: bool
+  rho_mode: str
+  draft_config: ModelConfig | None
+  target_config: ModelConfig
+
+  @property
+  def round_width(self) -> int:
+    """L + 1: the most tokens one round can emit."""
+    return self.draft_len + 1
+
+
+@struct.dataclass
+class DecodeStats:
+  """Per-row statistics (B leading); tokens cut by max_new_tokens or EOS are not counted.
+
+  rounds_B: rounds run (= target calls, the prefill excluded).
+  draft_calls_B: draft model calls (L per round).
+  emitted_B: tokens emitted.
+  tokens_per_round_BxL2: histogram of tokens emitted per round (index 0..L+1).
+  reached_BxL1: rounds whose walk reached position t (t = L is the bonus draw).
+  hits_BxL1: ... where the token at t equalled a surviving draft.
+  accepted_BxL1: ... where the token at t came from the accept branch.
+  survivors_BxL1: sum over rounds of the number of drafts verified at t.
+  nonfinite_B: rounds stopped by non-finite draft or target logits (the row ends there).
+  """
+
+  rounds_B: jax.Array
+  draft_calls_B: jax.Array
+  emitted_B: jax.Array
+  tokens_per_round_BxL2: jax.Array
+  reached_BxL1: jax.Array
+  hits_BxL1: jax.Array
+  accepted_BxL1: jax.Array
+  survivors_BxL1: jax.Array
+  nonfinite_B: jax.Array
+
+  @property
+  def target_calls_B(self) -> jax.Array:
+    return self.rounds_B
+
+  @property
+  def block_efficiency(self) -> jax.Array:
+    """Emitted tokens per target call over the whole batch (autoregressive = 1)."""
+    return jnp.sum(self.emitted_B) / jnp.maximum(jnp.sum(self.rounds_B), 1)
+
+
+@struct.dataclass
+class State:
+  """The decoding state carried by the engine's while_loop (B rows, W = N + L + 1 slots
+  of output, where N is max_new_tokens)."""
+
+  rounds_B: jax.Array
+  done_B: jax.Array
+  last_B: jax.Array
+  pending_Bx2: jax.Array
+  num_pending_B: jax.Array
+  out_BxW: jax.Array
+  num_out_B: jax.Array
+  target_cache: KVCache
+  draft_cache: KVCache | None
+  stats: DecodeStats
+
+
+class Traced(NamedTuple):
+  """The settings that are traced (a sweep changes them without recompiling)."""
+
+  temperature: jax.Array
+  top_p: jax.Array
+  rho_value: jax.Array
+  eos_id: jax.Array
+
+
+def probs(spec: DecodeSpec, logits_XxV, traced: Traced):
+  """Sampling distributions of logits [..., V] under the spec's transforms (float32)."""
+  top_p = traced.top_p if spec.use_top_p else None
+  return sampling.transform_probs(logits_XxV, traced.temperature, top_k=spec.top_k, top_p=top_p)
+
+
+def nonfinite_B(logits_BxXxV):
+  """Rows with a non-finite logit anywhere: bool [B]."""
+  return ~jnp.all(jnp.isfinite(logits_BxXxV), axis=tuple(range(1, logits_BxXxV.ndim)))
+
+
+def sample_BxK(key_B, step, probs_BxKxV):
+  """One draw per (row, tail) with key fold_in(fold_in(row key, step), tail)."""
+
+  def row(key, probs_KxV):
+    keys_K = jax.vmap(jax.random.fold_in, (None, 0))(
+      jax.random.fold_in(key, step), jnp.arange(probs_KxV.shape[0])
+    )
+    return jax.vmap(sampling.categorical)(keys_K, probs_KxV)
+
+  return jax.vmap(row)(key_B, probs_BxKxV)
+
+
+def draft(spec, params, cache, state, key_B, traced):
+  """K drafts of L tokens per row: (drafts_BxKxL, p_BxKxLxV, cache, nonfinite_B)."""
+  model = Transformer(spec.draft_config)
+  b, k = state.last_B.shape[0], spec.num_drafts
+  tokens_BxKx2 = jnp.broadcast_to(state.pending_Bx2[:, None, :], (b, k, 2))
+  logits_BxKx2xV, cache = model.apply(
+    {"params": params}, tokens_BxKx2, cache, state.num_pending_B, method=Transformer.extend
+  )
+  index_BxKx1x1 = jnp.broadcast_to((state.num_pending_B - 1)[:, None, None, None], (b, k, 1, 1))
+  logits_BxKxV = jnp.take_along_axis(logits_BxKx2xV, index_BxKx1x1, axis=2)[:, :, 0]
+  bad_B = nonfinite_B(logits_BxKxV)
+  p_BxKxV = probs(spec, logits_BxKxV, traced)
+  x_BxK = sample_BxK(key_B, 0, p_BxKxV)
+
+  def step(carry, t):
+    cache, x_BxK, bad_B = carry
+    logits_BxKx1xV, cache = model.apply(
+      {"params": params}, x_BxK[:, :, None], cache, method=Transformer.extend
+    )
+    bad_B |= nonfinite_B(logits_BxKx1xV)
+    p_BxKxV = probs(spec, logits_BxKx1xV[:, :, 0], traced)
+    nxt_BxK = sample_BxK(key_B, t, p_BxKxV)
+    return (cache, nxt_BxK, bad_B), (nxt_BxK, p_BxKxV)
+
+  (cache, _, bad_B), (rest_TxBxK, rest_TxBxKxV) = jax.lax.scan(
+    step, (cache, x_BxK, bad_B), jnp.arange(1, spec.draft_len)
+  )
+  drafts_BxKxL = jnp.concatenate([x_BxK[:, :, None], jnp.moveaxis(rest_TxBxK, 0, 2)], axis=2)
+  p_BxKxLxV = jnp.concatenate([p_BxKxV[:, :, None], jnp.moveaxis(rest_TxBxKxV, 0, 2)], axis=2)
+  return drafts_BxKxL, p_BxKxLxV, cache, bad_B
+
+
+def verify_rows(spec, key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced):
+  """Runs the block walk per row: (tokens_BxL1, num_B, verify.BlockStats)."""
+  if spec.draft_len == 0:
+    tokens_B = jax.vmap(sampling.categorical)(key_B, q_BxKxL1xV[:, 0, 0])
+    zeros_Bx1 = jnp.zeros((key_B.shape[0], 1), bool)
+    stats = verify.BlockStats(zeros_Bx1, zeros_Bx1, zeros_Bx1.astype(jnp.int32), zeros_Bx1 * 0.0)
+    return tokens_B[:, None], jnp.ones_like(tokens_B), stats
+  walk = functools.partial(
+    verify.walk, rho_value=traced.rho_value, method=spec.method, rho_mode=spec.rho_mode
+  )
+  return jax.vmap(walk)(key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV)
+
+
+def score(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Traced):
+  """One target call on `[last, d_1..d_L]` of every tail: (q_BxKxL1xV, cache, nonfinite_B)."""
+  b, k = drafts_BxKxL.shape[:2]
+  last_BxKx1 = jnp.broadcast_to(last_B[:, None, None], (b, k, 1))
+  logits_BxKxL1xV, cache = Transformer(spec.target_config).apply(
+    {"params": target_params},
+    jnp.concatenate([last_BxKx1, drafts_BxKxL], axis=2),
+    cache,
+    method=Transformer.extend,
+  )
+  return probs(spec, logits_BxKxL1xV, traced), cache, nonfinite_B(logits_BxKxL1xV)
+
+
+class _Emitted(NamedTuple):
+  live_B: jax.Array
+  emit_B: jax.Array
+  first_eos_B: jax.Array
+
+
+def _emit(spec, state: State, tokens_BxL1, num_B, bad_B, traced) -> _Emitted:
+  """How many of a round's tokens each row emits: stop after the first EOS and at the
+  token budget; rows that are done or hit non-finite logits emit nothing."""
+  w = spec.round_width
+  eos_BxL1 = (tokens_BxL1 == traced.eos_id) & (jnp.arange(w) < num_B[:, None])
+  first_eos_B = jnp.where(jnp.any(eos_BxL1, axis=1), jnp.argmax(eos_BxL1, axis=1), w)
+  emit_B = jnp.minimum(jnp.minimum(num_B, first_eos_B + 1), spec.max_new_tokens - state.num_out_B)
+  live_B = ~state.done_B & ~bad_B
+  return _Emitted(live_B, jnp.where(live_B, emit_B, 0), first_eos_B)
+
+
+def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, tokens_BxL1, num_B,
+            live_B):  # fmt: skip
+  """Appends the accepted tokens of a surviving draft to both caches (any survivor: they
+  agree on the emitted tokens): (target_cache, draft_cache, last_B, pending_Bx2,
+  num_pending_B)."""
+  w = spec.round_width
+  agree_BxK = jnp.all(
+    (drafts_BxKxL == tokens_BxL1[:, None, : spec.draft_len])
+    | (jnp.arange(spec.draft_len) >= num_B[:, None, None] - 1),
+    axis=2,
+  )
+  tail_B = jnp.argmax(agree_BxK, axis=1)
+  target_cache = commit(target_cache, tail_B, jnp.where(live_B, num_B, 0))
+  last_B = jnp.where(
+    live_B, jnp.take_along_axis(tokens_BxL1, (num_B - 1)[:, None], 1)[:, 0], state.last_B
+  )
+  pending_Bx2, num_pending_B = state.pending_Bx2, state.num_pending_B
+  if spec.draft_len > 0:
+    seen_B = jnp.minimum(num_B - 1, spec.draft_len - 1)
+    draft_cache = commit(draft_cache, tail_B, jnp.where(live_B, num_pending_B + seen_B, 0))
+    full_B = num_B == w
+    one_Bx2 = jnp.stack([last_B, jnp.zeros_like(last_B)], axis=1)
+    new_pending_Bx2 = jnp.where(full_B[:, None], tokens_BxL1[:, w - 2 :], one_Bx2)
+    pending_Bx2 = jnp.where(live_B[:, None], new_pending_Bx2, pending_Bx2)
+    num_pending_B = jnp.where(live_B, jnp.where(full_B, 2, 1), num_pending_B)
+  return target_cache, draft_cache, last_B, pending_Bx2, num_pending_B
+
+
+def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, bad_B, active_B):
+  """The statistics after a round (see `DecodeStats`)."""
+  live_B, emit_B = emitted.live_B, emitted.emit_B
+  counted_BxL1 = live_B[:, None] & (jnp.arange(spec.round_width) < emit_B[:, None])
+  return DecodeStats(
+    rounds_B=s.rounds_B + live_B,
+    draft_calls_B=s.draft_calls_B + live_B * spec.draft_len,
+    emitted_B=s.emitted_B + emit_B,
+    tokens_per_round_BxL2=s.tokens_per_round_BxL2
+    + (live_B[:, None] & (jnp.arange(spec.round_width + 1) == emit_B[:, None])),
+    reached_BxL1=s.reached_BxL1 + counted_BxL1,
+    hits_BxL1=s.hits_BxL1 + (counted_BxL1 & block.hit_L1),
+    accepted_BxL1=s.accepted_BxL1 + (counted_BxL1 & block.accepted_L1),
+    survivors_BxL1=s.survivors_BxL1 + jnp.where(counted_BxL1, block.survivors_L1, 0),
+    nonfinite_B=s.nonfinite_B + (active_B & bad_B),
+  )
+
+
+def run_round(spec, draft_params, target_params, row_key_B, state: State, traced: Traced) -> State:
+  """One round for every row: draft, score, verify, emit and commit.
+
+  Args:
+    spec: the static decoding spec.
+    draft_params, target_params: the models' parameters (draft None when L = 0).
+    row_key_B: one PRNG key per row; round r uses fold_in(row key, r).
+    state: the decoding state.
+    traced: the traced settings.
+
+  Returns:
+    The state after the round.
+  """
+  b, k = state.last_B.shape[0], spec.num_drafts
+  active_B = ~state.done_B
+  round_key_B = jax.vmap(jax.random.fold_in)(row_key_B, state.rounds_B)
+  draft_key_B = jax.vmap(jax.random.fold_in, (0, None))(round_key_B, 0)
+  verify_key_B = jax.vmap(jax.random.fold_in, (0, None))(round_key_B, 1)
+  if spec.draft_len > 0:
+    drafts_BxKxL, p_BxKxLxV, draft_cache, bad_B = draft(
+      spec, draft_params, state.draft_cache, state, draft_key_B, traced
+    )
+  else:
+    drafts_BxKxL = jnp.zeros((b, k, 0), jnp.int32)
+    p_BxKxLxV, draft_cache, bad_B = None, state.draft_cache, jnp.zeros((b,), bool)
+  q_BxKxL1xV, target_cache, target_bad_B = score(
+    spec, target_params, state.target_cache, state.last_B, drafts_BxKxL, traced
+  )
+  bad_B |= target_bad_B
+  tokens_BxL1, num_B, block = verify_rows(
+    spec, verify_key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced
+  )
+  emitted = _emit(spec, state, tokens_BxL1, num_B, bad_B, traced)
+  out_BxW = jax.vmap(lambda out, new, at: jax.lax.dynamic_update_slice(out, new, (at,)))(
+    state.out_BxW, tokens_BxL1, state.num_out_B
+  )
+  num_out_B = state.num_out_B + emitted.emit_B
+  ended_B = emitted.live_B & (emitted.first_eos_B < emitted.emit_B)
+  done_B = state.done_B | bad_B | ended_B | (num_out_B >= spec.max_new_tokens)
+  target_cache, draft_cache, last_B, pending_Bx2, num_pending_B = _commit(
+    spec, state, target_cache, draft_cache, drafts_BxKxL, tokens_BxL1, num_B, emitted.live_B
+  )
+  return State(
+    rounds_B=state.rounds_B + active_B,
+    done_B=done_B,
+    last_B=last_B,
+    pending_Bx2=pending_Bx2,
+    num_pending_B=num_pending_B,
+    out_BxW=out_BxW,
+    num_out_B=num_out_B,
+    target_cache=target_cache,
+    draft_cache=draft_cache,
+    stats=_count(spec, state.stats, emitted, block, bad_B, active_B),
+  )
+
+
+def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> State:
+  b, width = prompts_BxP.shape
+  w = spec.round_width
+  cache_len = width + spec.max_new_tokens + w
+
+  def prefill(config, params, num_tails):
+    config = dataclasses.replace(config, max_len=cache_len)
+    cache = init_cache(config, b, num_tails, w)
+    _, cache = Transformer(config).apply(
+      {"params": params}, prompts_BxP, lengths_B - 1, cache, method=Transformer.prefill
+    )
+    return cache
+
+  last_B = jnp.take_along_axis(prompts_BxP, (lengths_B - 1)[:, None], 1)[:, 0]
+  draft_cache = None
+  if spec.draft_len > 0:
+    draft_cache = prefill(spec.draft_config, draft_params, spec.num_drafts)
+  zeros_B = jnp.zeros((b,), jnp.int32)
+  zeros_BxW = jnp.zeros((b, w), jnp.int32)
+  return State(
+    rounds_B=zeros_B,
+    done_B=jnp.zeros((b,), bool),
+    last_B=last_B,
+    pending_Bx2=jnp.stack([last_B, zeros_B], axis=1),
+    num_pending_B=jnp.ones((b,), jnp.int32),
+    out_BxW=jnp.zeros((b, spec.max_new_tokens + w), jnp.int32),
+    num_out_B=zeros_B,
+    target_cache=prefill(spec.target_config, target_params, spec.num_drafts),
+    draft_cache=draft_cache,
+    stats=DecodeStats(
+      rounds_B=zeros_B,
+      draft_calls_B=zeros_B,
+      emitted_B=zeros_B,
+      tokens_per_round_BxL2=jnp.zeros((b, w + 1), jnp.int32),
+      reached_BxL1=zeros_BxW,
+      hits_BxL1=zeros_BxW,
+      accepted_BxL1=zeros_BxW,
+      survivors_BxL1=zeros_BxW,
+      nonfinite_B=zeros_B,
+    ),
+  )

@@ -1,0 +1,266 @@
+"""Storage of training runs (work directories, orbax checkpoints) and run provenance.
+
+A run lives in one work directory:
+  config.json         the `TrainConfig` of the run (JSON)
+  tokenizer.model     the SentencePiece model the run was trained with
+  checkpoints/<step>/ params, opt_state and meta (step, config, wall time) of each save
+"""
+
+import datetime
+import functools
+import importlib.metadata
+import json
+import logging as pylogging
+import pathlib
+import platform
+import subprocess
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+
+from spectr_jax.config import TrainConfig
+from spectr_jax.data import Dataset, Tokenizer, load_dataset
+from spectr_jax.models import ModelBundle, init_params
+
+# Fields that change logging, evaluation or storage but not the trained parameters; a
+# resumed run may change them.
+LOGISTICS_FIELDS = (
+  "eval_every",
+  "eval_rows",
+  "checkpoint_every",
+  "keep_checkpoints",
+  "log_every",
+  "num_devices",
+)
+_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_collections")
+
+
+class CheckpointError(ValueError):
+  """A missing checkpoint, or one written by a different configuration."""
+
+
+def workdir_path(workdir: str | pathlib.Path) -> pathlib.Path:
+  """The absolute path of a work directory (`~` expanded)."""
+  return pathlib.Path(workdir).expanduser().absolute()
+
+
+def checkpoint_manager(
+  workdir: str | pathlib.Path, config: TrainConfig | None = None
+) -> ocp.CheckpointManager:
+  """The orbax manager of a run's checkpoints (params, opt_state, meta).
+
+  Args:
+    workdir: the run's directory.
+    config: the run being trained (it sets how many checkpoints are kept and lets the
+      manager create the directory); None to read only.
+  """
+  options = ocp.CheckpointManagerOptions(
+    max_to_keep=config.keep_checkpoints if config else None,
+    enable_async_checkpointing=False,
+    create=config is not None,
+  )
+  return ocp.CheckpointManager(
+    workdir_path(workdir) / "checkpoints",
+    options=options,
+    item_names=("params", "opt_state", "meta"),
+  )
+
+
+def _comparable(config: TrainConfig) -> dict[str, Any]:
+  """The config fields that decide the parameters (cache location and logistics dropped)."""
+  values = config.to_dict()
+  for name in LOGISTICS_FIELDS:
+    values.pop(name)
+  values["data"].pop("cache_dir")
+  return values
+
+
+def load_config(workdir: str | pathlib.Path) -> TrainConfig:
+  """Returns the `TrainConfig` saved in `workdir`; raises `CheckpointError` if absent."""
+  path = workdir_path(workdir) / "config.json"
+  if not path.is_file():
+    raise CheckpointError(f"no training run in {path.parent}: {path.name} is missing")
+  return TrainConfig.from_dict(json.loads(path.read_text()))
+
+
+def check_config(config: TrainConfig, workdir: str | pathlib.Path) -> None:
+  """Raises `CheckpointError` if `workdir` holds a run of a different config."""
+  path = workdir_path(workdir)
+  if not (path / "config.json").is_file():
+    return
+  saved, wanted = _comparable(load_config(path)), _comparable(config)
+  if saved != wanted:
+    diff = sorted(
+      k for k in set(saved) | set(wanted) if saved.get(k, "<missing>") != wanted.get(k, "<missing>")
+    )
+    raise CheckpointError(
+      f"{path} holds a run of a different config (fields {diff} differ); use another "
+      "workdir or delete it"
+    )
+
+
+def write_run_files(workdir: str | pathlib.Path, config: TrainConfig, tokenizer: Tokenizer) -> None:
+  """Creates `workdir` and writes the run's config.json and tokenizer.model."""
+  path = workdir_path(workdir)
+  path.mkdir(parents=True, exist_ok=True)
+  (path / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+  tokenizer.save(path / "tokenizer.model")
+
+
+def load_tokenizer(workdir: str | pathlib.Path) -> Tokenizer:
+  """Returns the tokenizer a run in `workdir` was trained with."""
+  return Tokenizer.load(workdir_path(workdir) / "tokenizer.model")
+
+
+def latest_step(workdir: str | pathlib.Path) -> int | None:
+  """Returns the step of the newest checkpoint in `workdir`, or None."""
+  path = workdir_path(workdir)
+  if not (path / "checkpoints").is_dir():
+    return None
+  return checkpoint_manager(path).latest_step()
+
+
+def is_finished(config: TrainConfig, workdir: str | pathlib.Path) -> bool:
+  """Whether `workdir` holds the final checkpoint of `config` (a different config raises)."""
+  check_config(config, workdir)
+  return latest_step(workdir) == config.num_steps
+
+
+def load_bundle(workdir: str | pathlib.Path, step: int | None = None) -> ModelBundle:
+  """Loads the parameters of a finished run (or of checkpoint `step`).
+
+  Args:
+    workdir: the run's directory.
+    step: which checkpoint; None means the final one (`num_steps`).
+
+  Returns:
+    The model config and parameters.
+  """
+  path = workdir_path(workdir)
+  config = load_config(path)
+  want = config.num_steps if step is None else step
+  latest = latest_step(path)
+  manager = checkpoint_manager(path)
+  if latest is None or want not in manager.all_steps():
+    raise CheckpointError(
+      f"no checkpoint for step {want} in {path}/checkpoints (latest: {latest}, final: "
+      f"{config.num_steps}); train it first (experiments/train.py) or resume it"
+    )
+  model_config = config.model_config()
+  abstract = jax.eval_shape(functools.partial(init_params, model_config), jax.random.key(0))
+  restored = manager.restore(
+    want, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract))
+  )
+  return ModelBundle(config=model_config, params=restored["params"])
+
+
+def save_checkpoint(
+  manager: ocp.CheckpointManager, step: int, params: Any, opt_state: Any, meta: dict[str, Any]
+) -> None:
+  """Saves params, optimizer state and the JSON meta record as checkpoint `step`."""
+  manager.save(
+    step,
+    args=ocp.args.Composite(
+      params=ocp.args.StandardSave(params),
+      opt_state=ocp.args.StandardSave(opt_state),
+      meta=ocp.args.JsonSave(meta),
+    ),
+    force=True,
+  )
+
+
+def restore_checkpoint(
+  manager: ocp.CheckpointManager, step: int, abstract_params: Any, abstract_opt_state: Any
+) -> tuple[Any, Any, dict[str, Any]]:
+  """Restores checkpoint `step` onto the given abstract trees: (params, opt_state, meta)."""
+  restored = manager.restore(
+    step,
+    args=ocp.args.Composite(
+      params=ocp.args.StandardRestore(abstract_params),
+      opt_state=ocp.args.StandardRestore(abstract_opt_state),
+      meta=ocp.args.JsonRestore(),
+    ),
+  )
+  return restored["params"], restored["opt_state"], restored["meta"]
+
+
+def checkpoint_meta(workdir: str | pathlib.Path, step: int | None = None) -> dict[str, Any]:
+  """Returns the meta record of a checkpoint.
+
+  Args:
+    workdir: the run's directory.
+    step: which checkpoint; None means the newest.
+
+  Returns:
+    step, config, wall_time_s (training time summed over resumes), positions_seen
+    (batch_size * seq_len per step), row_fill (share of those that are not PAD) and
+    heldout_loss (of the last evaluation).
+  """
+  path = workdir_path(workdir)
+  step = latest_step(path) if step is None else step
+  if step is None:
+    raise CheckpointError(f"no checkpoint in {path}/checkpoints")
+  restored = checkpoint_manager(path).restore(
+    step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+  )
+  return dict(restored["meta"])
+
+
+def dataset_for(workdir: str | pathlib.Path) -> Dataset:
+  """Returns the dataset (from its cache) that the run in `workdir` was trained on."""
+  return load_dataset(load_config(workdir).data)
+
+
+class _DropOrbaxInfo(pylogging.Filter):
+  def filter(self, record: pylogging.LogRecord) -> bool:
+    return record.levelno >= pylogging.WARNING or "orbax" not in record.pathname
+
+
+def quiet_orbax_logging() -> None:
+  """Hides orbax's INFO records from absl's handler (entry points call it once)."""
+  logging.get_absl_handler().addFilter(_DropOrbaxInfo())
+
+
+def _git(*args: str) -> str:
+  root = pathlib.Path(__file__).resolve().parents[1]
+  command = ["git", *args]
+  return subprocess.run(
+    command, cwd=root, capture_output=True, text=True, check=True, timeout=10
+  ).stdout.strip()
+
+
+def git_revision() -> str:
+  """HEAD's hash, with "+dirty" when tracked files differ from it; "unknown" outside git."""
+  try:
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return _git("rev-parse", "HEAD") + ("+dirty" if dirty else "")
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+
+
+def provenance(config: Any) -> dict[str, Any]:
+  """What produced a run: config, versions, devices, git revision, time and host.
+
+  Args:
+    config: a JSON-able description of the run (e.g. the config as a dict).
+  """
+  versions = {"python": platform.python_version()}
+  for package in _PACKAGES:
+    try:
+      versions[package] = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+      versions[package] = None
+  devices = jax.devices()
+  return {
+    "config": config,
+    "versions": versions,
+    "backend": jax.default_backend(),
+    "device_kind": devices[0].device_kind,
+    "num_devices": len(devices),
+    "num_processes": jax.process_count(),
+    "git_revision": git_revision(),
+    "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    "host": platform.node(),
+  }
