@@ -19,9 +19,12 @@ import ml_collections
 from configs import common, draft, target
 from spectr_jax import config as config_lib
 
-# The paper's methods and the optimal verifier, as far as this build has them.
+# The paper's methods, the optimal verifier and the block-level verifiers
+# (docs/BLOCK_VERIFICATION.md), as far as this build has them.
 METHODS = tuple(
-  m for m in ("autoregressive", "sd", "kseq", "specinfer", "optimal") if m in config_lib.METHODS
+  m
+  for m in ("autoregressive", "sd", "kseq", "specinfer", "optimal", "block", "gbv")
+  if m in config_lib.METHODS
 )
 
 
@@ -59,7 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if arg.runlocal:
     c.name += "-runlocal"
     c.draft_lens = (4, 8)
-    c.methods = ("autoregressive", "sd", "kseq")
+    c.methods = ("autoregressive", "sd", "block", "kseq")
     c.decoding.num_prompts = 32
     c.decoding.max_new_tokens = 48
     c.batch_size = 16

@@ -43,7 +43,15 @@ import jax.numpy as jnp
 from spectr_jax import acceptance, checks, optimal
 from spectr_jax.sampling import categorical
 
-__all__ = ["METHODS", "BlockPlan", "block_plan", "block_verify", "select"]
+__all__ = [
+  "METHODS",
+  "BlockPlan",
+  "block_plan",
+  "block_verify",
+  "check_method",
+  "select",
+  "verify_paths",
+]
 
 METHODS = ("block", "gbv")
 
@@ -142,7 +150,9 @@ def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, select_u_Lx2) -> BlockPlan:
   )
 
 
-def _verify(key, drafts_KxL, p_KxLxV, q_KxL1xV):
+def verify_paths(key, drafts_KxL, p_KxLxV, q_KxL1xV):
+  """`block_verify` without its input checks (for use inside jit; "gbv", or "block" at
+  K = 1): (tokens_L1, num_tokens, BlockPlan)."""
   draft_len = drafts_KxL.shape[1]
   select_key, stop_key, residual_key = jax.random.split(key, 3)
   plan = block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, jax.random.uniform(select_key, (draft_len, 2)))
@@ -161,7 +171,7 @@ def _verify(key, drafts_KxL, p_KxLxV, q_KxL1xV):
 
 @jax.jit
 def _verify_jit(key, drafts_KxL, p_KxLxV, q_KxL1xV):
-  return _verify(key, drafts_KxL, p_KxLxV, q_KxL1xV)
+  return verify_paths(key, drafts_KxL, p_KxLxV, q_KxL1xV)
 
 
 def check_method(method: str, num_drafts: int) -> None:

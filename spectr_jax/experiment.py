@@ -76,8 +76,9 @@ class Cell:
 def expand(config: SweepConfig, pair: str) -> list[Cell]:
   """The sweep's cells, grouped so that cells sharing a compiled decoder run in a row.
 
-  "autoregressive" gets one cell per seed, "sd" one per L (K = 1), the multi-draft
-  methods one per L and K >= 2 (at K = 1 they are "sd"), and "kseq" one per rho; a fixed
+  "autoregressive" gets one cell per seed, "sd" and "block" one per L (K = 1), the
+  multi-draft methods one per L and K >= 2 (at K = 1 "kseq", "specinfer" and "optimal"
+  are "sd", and "gbv" is "block"), and "kseq" one per rho; a fixed
   rho above K is skipped (it is clipped to K, i.e. the "k" strategy).
 
   Args:
@@ -93,7 +94,7 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
       grid.append((method, 1, 0, None))
       continue
     for draft_len in config.draft_lens:
-      if method == "sd":
+      if method in ("sd", "block"):
         grid.append((method, 1, draft_len, None))
         continue
       for k in (k for k in config.num_drafts if k >= 2):

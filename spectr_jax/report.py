@@ -25,8 +25,10 @@ import numpy as np  # noqa: E402
 from spectr_jax import metrics, results  # noqa: E402
 
 REPORT_DIR = "report"
-_METHOD_ORDER = ("autoregressive", "sd", "kseq", "specinfer", "optimal")
-_STYLES = {"kseq": "-", "specinfer": "--", "optimal": ":"}
+_METHOD_ORDER = ("autoregressive", "sd", "block", "kseq", "specinfer", "optimal", "gbv")
+_STYLES = {"kseq": "-", "specinfer": "--", "optimal": ":", "gbv": "-."}
+# The K = 1 point of each multi-draft line: "gbv" at K = 1 is "block", the others "sd".
+_SINGLE = {"gbv": "block"}
 _COLUMNS = (
   ("method", "method", "{}"),
   ("K", "K", "{}"),
@@ -169,13 +171,15 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> None:
 
 def plot_block_efficiency(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> None:
   """Block efficiency vs K for each L: K-SEQ at rho* (solid, from "sd" at K = 1) and the
-  other multi-draft methods (dashed/dotted), with the bootstrap intervals."""
+  other multi-draft methods (dashed/dotted; "gbv" from "block" at K = 1), with the
+  bootstrap intervals."""
   fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
   lens = sorted({r["L"] for r in rows if r["L"] > 0})
   colors = dict(zip(lens, plt.cm.viridis(np.linspace(0, 0.85, len(lens))), strict=True))
   for draft_len in lens:
-    single = [r for r in rows if r["method"] == "sd" and r["L"] == draft_len]
     for method, style in _STYLES.items():
+      single_method = _SINGLE.get(method, "sd")
+      single = [r for r in rows if r["method"] == single_method and r["L"] == draft_len]
       line = [
         r
         for r in rows

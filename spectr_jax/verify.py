@@ -10,7 +10,10 @@ Y came from the accept branch:
 - `optimal`: the OT-optimal verifier that reaches alpha* (see `spectr_jax.optimal`).
 
 `verify_block` walks a block of K draft sequences of length L position by position,
-keeping the drafts that agree with what was emitted (SpecTr on sequences).
+keeping the drafts that agree with what was emitted (SpecTr on sequences). It also runs
+the block-level verifiers of `spectr_jax.block` ("block": Sun et al.'s block
+verification, K = 1; "gbv": greedy multi-path block verification), which decide over the
+whole block instead of token by token.
 
 All functions are jit/vmap-able with static shapes and work in float32. Values a sweep
 changes (a fixed rho) are traced, so sweeping them does not recompile.
@@ -23,7 +26,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from spectr_jax import acceptance, checks
+from spectr_jax import acceptance, block, checks
 from spectr_jax import optimal as optimal_lib
 from spectr_jax.acceptance import rho_star
 from spectr_jax.optimal import optimal
@@ -31,6 +34,7 @@ from spectr_jax.sampling import categorical
 
 __all__ = [
   "METHODS",
+  "TOKEN_METHODS",
   "BlockStats",
   "kseq",
   "optimal",
@@ -41,7 +45,8 @@ __all__ = [
   "walk",
 ]
 
-METHODS = ("sd", "kseq", "specinfer", "optimal")
+TOKEN_METHODS = ("sd", "kseq", "specinfer", "optimal")
+METHODS = TOKEN_METHODS + block.METHODS
 
 
 def _as_valid(valid_K, num_drafts: int):
@@ -228,6 +233,8 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
   Returns:
     (tokens_L1, num_tokens, BlockStats), as `verify_block` with return_stats.
   """
+  if method in block.METHODS:
+    return _block_walk(key, drafts_KxL, p_KxLxV, q_KxL1xV)
   num_drafts, draft_len = drafts_KxL.shape
   verifier = _VERIFIERS[method]
   zeros_L1 = jnp.zeros((draft_len + 1,), bool)
@@ -268,6 +275,18 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
   return final.tokens_L1, final.t, final.stats
 
 
+def _block_walk(key, drafts_KxL, p_KxLxV, q_KxL1xV):
+  """A block-level verifier with the walk's return values: positions before the stopping
+  point tau = num_tokens - 1 count as hit and accepted; tau holds the correction (or bonus)
+  draw; survivors are the paths agreeing with the verified path there."""
+  tokens_L1, num_tokens, plan = block.verify_paths(key, drafts_KxL, p_KxLxV, q_KxL1xV)
+  index_L1 = jnp.arange(drafts_KxL.shape[1] + 1)
+  accepted_L1 = index_L1 < num_tokens - 1
+  survivors_L1 = jnp.where(index_L1 < num_tokens, plan.survivors_L1, 0)
+  stats = BlockStats(accepted_L1, accepted_L1, survivors_L1, jnp.zeros(index_L1.shape))
+  return tokens_L1, num_tokens, stats
+
+
 @functools.partial(jax.jit, static_argnames=("method", "rho_mode"))
 def _verify_block(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, *, method, rho_mode):
   return walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method, rho_mode)
@@ -279,6 +298,8 @@ def check_method(method: str, num_drafts: int) -> None:
     raise ValueError(f"unknown verification method {method!r}; expected one of {METHODS}")
   if method == "sd" and num_drafts != 1:
     raise ValueError(f"method 'sd' verifies a single draft, got K = {num_drafts}")
+  if method in block.METHODS:
+    block.check_method(method, num_drafts)
 
 
 def verify_block(
@@ -297,7 +318,7 @@ def verify_block(
     key: PRNG key.
     drafts_KxL: int draft tokens.
     p_KxLxV: draft distributions. q_KxL1xV: target distributions.
-    method: "kseq", "specinfer", "optimal", or "sd" (K = 1).
+    method: "kseq", "specinfer", "optimal", "gbv", or "sd" / "block" (K = 1).
     rho: K-SEQ split factor: "star", "k" or a number (see `kseq`).
     return_stats: also return a `BlockStats`.
 

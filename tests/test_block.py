@@ -172,7 +172,7 @@ def _sample_blocks(key, p_tab, q_tab, num_drafts, draft_len, verify_fn, n=N):
 
 def _fresh(key, drafts, p, q):
   """The verifier traced afresh, so that monkeypatched helpers take effect."""
-  tokens_L1, num, _ = block._verify(key, drafts, p, q)
+  tokens_L1, num, _ = block.verify_paths(key, drafts, p, q)
   return tokens_L1, num
 
 

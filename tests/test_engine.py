@@ -91,6 +91,8 @@ CASES = [
   pytest.param("specinfer", 3, 2, marks=_slow),
   ("optimal", 3, 1),
   pytest.param("optimal", 3, 2, marks=_slow),
+  ("block", 1, 2),
+  pytest.param("gbv", 3, 2, marks=_slow),
 ]
 
 
@@ -145,7 +147,9 @@ def test_engine_rejects_broken_rollback(models, monkeypatch):
   stats.assert_rejects(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, "no rollback")
 
 
-@pytest.mark.parametrize("method, num_drafts, draft_len", [("kseq", 3, 3), ("sd", 1, 2)])
+@pytest.mark.parametrize(
+  "method, num_drafts, draft_len", [("kseq", 3, 3), ("sd", 1, 2), ("block", 1, 3), ("gbv", 3, 2)]
+)
 def test_greedy_equals_greedy_target_decoding(models, method, num_drafts, draft_len):
   draft, target = models
   prompts = jnp.asarray([[1, 2, 3, 0], [3, 3, 0, 0], [0, 1, 2, 3]], jnp.int32)

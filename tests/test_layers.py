@@ -25,6 +25,8 @@ ORDER = (
   "timing",
   "acceptance",
   "optimal",
+  "block",
+  "block_bound",
   "verify",
   "models",
   "data",
