@@ -44,6 +44,19 @@ _COLUMNS = (
 )
 
 
+def _resample(shape_ZxE: tuple[int, int], resamples: int, seed: int):
+  """Two-level bootstrap indices: seeds with replacement, then prompts within each seed."""
+  s, n = shape_ZxE
+  rng = np.random.default_rng(seed)
+  seeds_IxZ = rng.integers(s, size=(resamples, s))
+  return seeds_IxZ[..., None], rng.integers(n, size=(resamples, s, n))
+
+
+def _interval(values_I: np.ndarray, level: float) -> tuple[float, float]:
+  lower, upper = np.quantile(values_I, [(1 - level) / 2, (1 + level) / 2])
+  return float(lower), float(upper)
+
+
 def bootstrap_ratio(
   num_ZxE: np.ndarray,
   den_ZxE: np.ndarray,
@@ -54,7 +67,7 @@ def bootstrap_ratio(
 ) -> tuple[float, float, float]:
   """sum(num) / sum(den) with a two-level percentile bootstrap interval.
 
-  Each resample draws S seeds with replacement, then N prompts with replacement within
+  Each resample draws Z seeds with replacement, then E prompts with replacement within
   each drawn seed, and recomputes the ratio of sums.
 
   Args:
@@ -68,15 +81,88 @@ def bootstrap_ratio(
     (estimate, lower, upper).
   """
   num_ZxE, den_ZxE = np.asarray(num_ZxE, float), np.asarray(den_ZxE, float)
-  s, n = num_ZxE.shape
-  rng = np.random.default_rng(seed)
-  seeds_IxZ = rng.integers(s, size=(resamples, s))
-  prompts_IxZxE = rng.integers(n, size=(resamples, s, n))
-  num_I = num_ZxE[seeds_IxZ[..., None], prompts_IxZxE].sum(axis=(1, 2))
-  den_I = den_ZxE[seeds_IxZ[..., None], prompts_IxZxE].sum(axis=(1, 2))
-  ratio_I = num_I / np.maximum(den_I, 1e-12)
-  lower, upper = np.quantile(ratio_I, [(1 - level) / 2, (1 + level) / 2])
-  return float(num_ZxE.sum() / max(den_ZxE.sum(), 1e-12)), float(lower), float(upper)
+  index = _resample(num_ZxE.shape, resamples, seed)
+  ratio_I = num_ZxE[index].sum(axis=(1, 2)) / np.maximum(den_ZxE[index].sum(axis=(1, 2)), 1e-12)
+  return float(num_ZxE.sum() / max(den_ZxE.sum(), 1e-12)), *_interval(ratio_I, level)
+
+
+def paired_ratio(
+  num_a_ZxE, den_a_ZxE, num_b_ZxE, den_b_ZxE, *, resamples=2000, level=0.95, seed=0
+) -> tuple[float, float, float]:
+  """(sum num_a / sum den_a) / (sum num_b / sum den_b), e.g. BE(block) / BE(sd), with a
+  paired two-level bootstrap: both methods are resampled with the same seeds and prompts.
+
+  Returns:
+    (estimate, lower, upper).
+  """
+  a = [np.asarray(x, float) for x in (num_a_ZxE, den_a_ZxE, num_b_ZxE, den_b_ZxE)]
+  if len({x.shape for x in a}) != 1:
+    raise ValueError(f"paired_ratio needs the same seeds x prompts, got {[x.shape for x in a]}")
+  index = _resample(a[0].shape, resamples, seed)
+  sums_4xI = np.stack([x[index].sum(axis=(1, 2)) for x in a])
+  ratio_I = (sums_4xI[0] / sums_4xI[1]) / (sums_4xI[2] / sums_4xI[3])
+  totals = [x.sum() for x in a]
+  return float((totals[0] / totals[1]) / (totals[2] / totals[3])), *_interval(ratio_I, level)
+
+
+# (method, baseline) pairs compared cell by cell by `paired_gains`; K = 1 cells of "gbv"
+# do not exist (it is "block" there), so block-vs-sd compares the K = 1 cells.
+GAIN_PAIRS = (("block", "sd"), ("gbv", "optimal"), ("gbv", "kseq"), ("optimal", "kseq"))
+
+
+def paired_gains(records: Sequence[dict[str, Any]], pairs=GAIN_PAIRS) -> list[dict[str, Any]]:
+  """BE(method) / BE(baseline) for every (K, L, setting) that both methods ran on the same
+  seeds (so the same prompts), with the paired bootstrap interval of `paired_ratio`.
+
+  Returns:
+    Rows with method, baseline, K, L, ratio, lower, upper, interval, samples.
+  """
+  by_cell: dict[tuple, dict[int, dict[str, Any]]] = {}
+  for record in records:
+    cell = record["cell"]
+    if cell["rho"] not in (None, "star"):
+      continue
+    setting = _group_key(cell, ("seed", "method", "rho"))
+    by_cell.setdefault((cell["method"], setting), {})[cell["seed"]] = record
+  rows = []
+  for (method, setting), members in sorted(by_cell.items()):
+    for name, baseline in pairs:
+      other = by_cell.get((baseline, setting)) if method == name else None
+      seeds = sorted(set(members) & set(other or {}))
+      if not seeds:
+        continue
+      arrays = [
+        np.array([group[z][field] for z in seeds])
+        for group in (members, other)
+        for field in ("emitted", "rounds")
+      ]
+      ratio, lower, upper = paired_ratio(*arrays)
+      cell = members[seeds[0]]["cell"]
+      rows.append(
+        {
+          "method": method,
+          "baseline": baseline,
+          "K": cell["num_drafts"],
+          "L": cell["draft_len"],
+          "ratio": ratio,
+          "lower": lower,
+          "upper": upper,
+          "interval": f"[{lower:.3f}, {upper:.3f}]",
+          "samples": f"{len(seeds)} x {arrays[0].shape[1]}",
+        }
+      )
+  return sorted(rows, key=lambda r: (r["baseline"], r["method"], r["L"], r["K"]))
+
+
+_GAIN_COLUMNS = (
+  ("method", "method", "{}"),
+  ("baseline", "over", "{}"),
+  ("K", "K", "{}"),
+  ("L", "L", "{}"),
+  ("ratio", "BE ratio", "{:.3f}"),
+  ("interval", "paired 95% interval", "{}"),
+  ("samples", "seeds x prompts", "{}"),
+)
 
 
 def _group_key(cell: dict[str, Any], drop: Iterable[str]) -> str:
@@ -276,11 +362,21 @@ def write_report(results_dir: str | pathlib.Path, keys: Sequence[str] | None = N
   results_dir = pathlib.Path(results_dir)
   out = results_dir / REPORT_DIR
   out.mkdir(parents=True, exist_ok=True)
-  rows = summarize(records_for(results_dir, keys))
+  records = records_for(results_dir, keys)
+  rows = summarize(records)
   if not rows:
     raise ValueError(f"no results in {results_dir}")
   write_csv(rows, out / "table.csv")
   text = [f"## Decoding ({results_dir.name})", "", markdown_table(rows), ""]
+  gains = paired_gains(records)
+  if gains:
+    write_csv(gains, out / "gains.csv")
+    text += [
+      "## Paired gains (same seeds and prompts)",
+      "",
+      markdown_table(gains, _GAIN_COLUMNS),
+      "",
+    ]
   if len({r["K"] for r in rows if r["L"] > 0}) > 1:
     plot_block_efficiency(rows, out / "block_efficiency_vs_K.png")
     text += [f"Plot: {out / 'block_efficiency_vs_K.png'}", ""]

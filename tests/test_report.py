@@ -32,6 +32,41 @@ def test_bootstrap_ratio_estimate_and_width():
   assert report.bootstrap_ratio(np.full((3, 5), 2.0), np.ones((3, 5)))[1:] == (2.0, 2.0)
 
 
+def test_paired_ratio_pairs_prompts():
+  rng = np.random.default_rng(1)
+  # Prompts differ a lot in difficulty; the method gains 3% on every prompt.
+  rounds_b = rng.integers(10, 40, (3, 200)).astype(float)
+  emitted = np.full_like(rounds_b, 64.0)
+  rounds_a = rounds_b / 1.03
+  ratio, lower, upper = report.paired_ratio(emitted, rounds_a, emitted, rounds_b)
+  assert ratio == pytest.approx(1.03)
+  assert lower == pytest.approx(1.03) and upper == pytest.approx(1.03)
+  # Unpaired intervals of the two block efficiencies overlap; the paired one excludes 1.
+  _, _, upper_b = report.bootstrap_ratio(emitted, rounds_b)
+  _, lower_a, _ = report.bootstrap_ratio(emitted, rounds_a)
+  assert lower_a < upper_b
+  noisy_a = rounds_a * rng.uniform(0.97, 1.03, rounds_a.shape)
+  ratio, lower, upper = report.paired_ratio(emitted, noisy_a, emitted, rounds_b)
+  assert 1.0 < lower < ratio < upper
+  # No gain: the interval covers 1.
+  _, lower, upper = report.paired_ratio(
+    emitted, rounds_b * rng.uniform(0.95, 1.05, rounds_b.shape), emitted, rounds_b
+  )
+  assert lower < 1.0 < upper
+  with pytest.raises(ValueError, match="same seeds"):
+    report.paired_ratio(emitted, rounds_a, emitted[:2], rounds_b[:2])
+
+
+def test_paired_gains_match_cells():
+  records = _records()
+  for seed in (0, 1):
+    records.append(_record("block", 1, 4, seed, [16, 16], [4, 8], 2.0))
+  (row,) = report.paired_gains(records)
+  assert (row["method"], row["baseline"], row["K"], row["L"]) == ("block", "sd", 1, 4)
+  assert row["ratio"] == pytest.approx((64 / 24) / (64 / 32))
+  assert row["samples"] == "2 x 2"
+
+
 def _record(method, k, draft_len, seed, emitted, rounds, seconds, rho=None, pair="p"):
   settings = DecodeSettings(1.0, 0, 1.0, len(emitted), 8, 16, False)
   cell = experiment.Cell(method, k, draft_len, rho, seed, settings, pair)
