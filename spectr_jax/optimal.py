@@ -151,7 +151,7 @@ def _counting_order(code_V):
   """
   vocab = code_V.shape[0]
   counts = jnp.zeros((1 << _COUNTING_SORT_BITS,), jnp.int32).at[code_V].add(1)
-  start = _cumsum(counts.astype(jnp.float32)[:, None])[:, 0].astype(jnp.int32) - counts
+  start = jnp.cumsum(counts) - counts
 
   def place(i, carry):
     offset, order = carry
@@ -171,18 +171,31 @@ def _counting_order_vmap(axis_size, in_batched, code_V):
 
 def _cumsum(x_NxC, block: int = 128):
   """Inclusive cumulative sums down axis 0 of an N x C array, by blocked triangular
-  matmuls (several times faster than `jnp.cumsum` on CPU)."""
+  matmuls with the block totals summed the same way (several times faster than
+  `jnp.cumsum` on CPU). Not monotone: where independently rounded block offsets meet the
+  sums can step down by a unit in the last place (`_monotone_cumsum` fixes that)."""
   n, c = x_NxC.shape
   rows = -(-n // block)
   x_RxBxC = jnp.pad(x_NxC, ((0, rows * block - n), (0, 0))).reshape(rows, block, c)
-  hi = lax.Precision.HIGHEST
   within = jnp.einsum(
-    "rbc,bd->rdc", x_RxBxC, jnp.triu(jnp.ones((block, block), x_NxC.dtype)), precision=hi
+    "rbc,bd->rdc",
+    x_RxBxC,
+    jnp.triu(jnp.ones((block, block), x_NxC.dtype)),
+    precision=lax.Precision.HIGHEST,
   )
-  offset = jnp.einsum(
-    "rc,rs->sc", within[:, -1], jnp.triu(jnp.ones((rows, rows), x_NxC.dtype), 1), precision=hi
-  )
-  return (within + offset[:, None]).reshape(rows * block, c)[:n]
+  if rows == 1:
+    return within[0, :n]
+  offset_RxC = jnp.concatenate([jnp.zeros((1, c), x_NxC.dtype), _cumsum(within[:-1, -1], block)])
+  return (within + offset_RxC[:, None]).reshape(rows * block, c)[:n]
+
+
+def _monotone_cumsum(x_NxC):
+  """Inclusive cumulative sums down axis 0 of nonnegative columns that never decrease
+  and stay flat across zero entries, by construction: the blocked sums are kept only at
+  positive entries (0 elsewhere) and then replaced by their running maximum, which is
+  exact. Where a blocked sum stepped down, the result stays flat for a few entries
+  instead."""
+  return lax.cummax(jnp.where(x_NxC > 0, _cumsum(x_NxC), 0), axis=0)
 
 
 @jax.custom_batching.custom_vmap
@@ -321,14 +334,17 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   k = jnp.asarray(k, jnp.int32)
   order_V = _slot_order(p_V, q_V)
   ps_V, qs_V = p_V[order_V], q_V[order_V]
-  zero = jnp.zeros((1, 3), dtype)
-  sums = _cumsum(jnp.stack([ps_V, qs_V, ps_V[::-1]], axis=1))
-  sums = jnp.concatenate([zero, sums])
-  # Divide by the computed totals, so that u_0 = 1 and Q_V = 1 hold exactly in floats.
-  total_p, total_q = sums[-1, 2], sums[-1, 1]
-  P_N1, u_N1, ps_V = sums[:, 0] / total_p, sums[::-1, 2] / total_p, ps_V / total_p
+  # Monotone prefix sums of p and q and suffix sums of p (u, for precision near P = 1),
+  # each divided by its own computed total so that P_V = 1, u_0 = 1 and Q_V = 1 hold
+  # exactly in floats (a float32 total of 1 + 2e-6 would enter r as u_0^k).
+  sums = _monotone_cumsum(jnp.stack([ps_V, qs_V, ps_V[::-1]], axis=1))
+  sums = jnp.concatenate([jnp.zeros((1, 3), dtype), sums])
+  total_p, total_q, total_u = sums[-1, 0], sums[-1, 1], sums[-1, 2]
+  P_N1, u_N1, ps_V = sums[:, 0] / total_p, sums[::-1, 2] / total_u, ps_V / total_p
   Q_N1, qs_V = sums[:, 1] / total_q, qs_V / total_q
-  h_N1 = P_N1 * _h2(jnp.ones_like(u_N1), u_N1, k, max_k)
+  # h = 1 - u^k as P H_{k-1}(1, u) (no cancellation at small P); P and u are rounded
+  # independently, so the running maximum keeps h non-decreasing too.
+  h_N1 = lax.cummax(P_N1 * _h2(jnp.ones_like(u_N1), u_N1, k, max_k))
   m = jnp.sum((p_V > 0) & (q_V > 0)).astype(jnp.int32)
 
   # Blocks: the lower hull's vertices, then every breakpoint from m on.
@@ -336,7 +352,7 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   j_N1 = jnp.arange(vocab + 1, dtype=jnp.int32)
   on_hull = jnp.zeros((vocab + 2,), bool).at[jnp.where(j_N1 < size, stack_N1, vocab + 1)].set(True)
   vertex_N1 = on_hull[: vocab + 1] | (j_N1 >= m)
-  count_N1 = _cumsum(vertex_N1.astype(dtype)[:, None])[:, 0].astype(jnp.int32)
+  count_N1 = jnp.cumsum(vertex_N1.astype(jnp.int32))
   # Slot t = 1..V lies in block (a_t, b_t]: a_t the last vertex before t, b_t the first from t.
   block_V = count_N1[:-1] - 1
   vertices_N1 = (

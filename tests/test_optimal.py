@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from spectr_jax import acceptance, optimal
-from spectr_jax import optimal_reference as ref
+from tests import optimal_reference as ref
 from tests import stats
 
 TOL64 = 1e-9

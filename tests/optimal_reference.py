@@ -1,8 +1,11 @@
 """Float64 numpy reference of the OT-optimal multi-draft verifier (docs/OPTIMAL_VERIFIER.md).
 
-Slow, sequential and straightforward: it states the construction that `optimal.py`
-vectorises, and the tests check the JAX verifier against it. Notation (slots, P, u, Q,
-h, levels, groups) as in `optimal.py`.
+A test oracle: sequential and straightforward, it states the construction that
+`spectr_jax/optimal.py` vectorises, and tests/test_optimal.py checks the JAX verifier
+against it (nothing in spectr_jax imports it). Its prefix sums are numpy's sequential
+float64 sums, monotone for nonnegative masses. Notation (slots, P, u, Q, h, levels,
+groups) as in `optimal.py`. Fast enough for V = 256k with a few hundred cuts: the hull is
+one pass over Python floats and breakpoints of level 0 are merged in bulk.
 
 - `reference_plan(p, q, k)`: slot order, (Q, h) lower hull, kinetic levels (all interior
   breakpoints, or only the `num_cuts` heaviest), the selection law r and sum min(r, q).
@@ -71,11 +74,13 @@ def slot_arrays(p, q, k):
 def lower_hull(Q, h, m: int):
   """Vertex mask of the lower convex hull of (Q_j, h_j), j = 0..m; breakpoints > m are
   vertices too (each slot with q = 0 is its own block)."""
+  Qs, hs = Q[: m + 1].tolist(), h[: m + 1].tolist()
   stack: list[int] = []
   for j in range(m + 1):
+    qj, hj = Qs[j], hs[j]
     while len(stack) >= 2:
       a, b = stack[-2], stack[-1]
-      if (h[b] - h[a]) * (Q[j] - Q[a]) >= (h[j] - h[a]) * (Q[b] - Q[a]):
+      if (hs[b] - hs[a]) * (qj - Qs[a]) >= (hj - hs[a]) * (Qs[b] - Qs[a]):
         stack.pop()
       else:
         break
@@ -139,33 +144,36 @@ def rates_from_levels(levels, u, k):
 
   While group (i, l] exists (an interval of U), each of its slots is selected at rate
   H_{k-1}(u_i, u_l) per unit of p; integrating over U ~ Uniform(0, 1) gives r / p.
+  Breakpoints of level <= 0 never cut, so the groups start as the runs between the others;
+  those with level in (0, 1) are then removed in order of level, closing two groups each.
   """
   n1 = len(levels)
   levels = np.asarray(levels, np.float64).copy()
   levels[0] = levels[-1] = 1.0
-  prev = np.arange(-1, n1 - 1)
-  nxt = np.arange(1, n1 + 1)
+  nodes = np.flatnonzero(levels > 0)
+  prev = dict(zip(nodes[1:].tolist(), nodes[:-1].tolist(), strict=True))
+  nxt = dict(zip(nodes[:-1].tolist(), nodes[1:].tolist(), strict=True))
   start = np.zeros(n1)  # start[l]: level at which the group ending at l was formed
-  diff = np.zeros(n1 + 1)
-
-  def close(i, r, end):
-    w = (end - start[r]) * complete_h2(u[i], u[r], k - 1)
-    diff[i + 1] += w
-    diff[r + 1] -= w
-
-  for j in sorted(range(1, n1 - 1), key=lambda t: levels[t]):
-    if levels[j] >= 1.0:
-      break
-    lv = max(levels[j], 0.0)
+  left, right, life = [], [], []  # closed groups (left, right] and their lifetimes
+  for j in sorted(nodes[levels[nodes] < 1.0].tolist(), key=lambda t: levels[t]):
+    lv = levels[j]
     i, r = prev[j], nxt[j]
-    close(i, j, lv)
-    close(j, r, lv)
+    left += [i, j]
+    right += [j, r]
+    life += [lv - start[j], lv - start[r]]
     nxt[i], prev[r] = r, i
     start[r] = lv
-  j = 0
+  last, j = [0], 0
   while j < n1 - 1:
-    close(j, nxt[j], 1.0)
     j = nxt[j]
+    last.append(j)
+  left = np.array(left + last[:-1], int)
+  right = np.array(right + last[1:], int)
+  life = np.concatenate([life, 1.0 - start[last[1:]]])
+  w = life * complete_h2(u[left], u[right], k - 1)
+  diff = np.zeros(n1 + 1)
+  np.add.at(diff, left + 1, w)
+  np.add.at(diff, right + 1, -w)
   return np.cumsum(diff)[1:n1]
 
 
