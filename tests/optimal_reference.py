@@ -73,14 +73,15 @@ def slot_arrays(p, q, k):
 
 def lower_hull(Q, h, m: int):
   """Vertex mask of the lower convex hull of (Q_j, h_j), j = 0..m; breakpoints > m are
-  vertices too (each slot with q = 0 is its own block)."""
+  vertices too (each slot with q = 0 is its own block). The top b is popped when the
+  slope into it is at least the slope out of it (collinear points are popped)."""
   Qs, hs = Q[: m + 1].tolist(), h[: m + 1].tolist()
   stack: list[int] = []
   for j in range(m + 1):
     qj, hj = Qs[j], hs[j]
     while len(stack) >= 2:
       a, b = stack[-2], stack[-1]
-      if (hs[b] - hs[a]) * (qj - Qs[a]) >= (hj - hs[a]) * (Qs[b] - Qs[a]):
+      if (hs[b] - hs[a]) * (qj - Qs[b]) >= (hj - hs[b]) * (Qs[b] - Qs[a]):
         stack.pop()
       else:
         break
