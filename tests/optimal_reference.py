@@ -57,12 +57,18 @@ class ReferencePlan(NamedTuple):
   bound: float
 
 
-def slot_arrays(p, q, k):
-  """Slot order and the prefix arrays P, u, Q, h over breakpoints 0..n."""
+def slot_arrays(p, q, k, order=None):
+  """Slot order and the prefix arrays P, u, Q, h over breakpoints 0..n.
+
+  `order` (optional): a token order to use instead of sorting by q/p (its tokens with
+  p > 0 become the slots), e.g. the JAX plan's quantized order.
+  """
   p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
-  support = np.flatnonzero(p > 0)
-  ratio = q[support] / p[support]
-  order_N = support[np.argsort(-ratio, kind="stable")]
+  if order is None:
+    support = np.flatnonzero(p > 0)
+    order_N = support[np.argsort(-(q[support] / p[support]), kind="stable")]
+  else:
+    order_N = np.asarray(order)[p[np.asarray(order)] > 0]
   ps, qs = p[order_N], q[order_N]
   P = np.concatenate([[0.0], np.cumsum(ps)])
   u = np.concatenate([np.cumsum(ps[::-1])[::-1], [0.0]])
@@ -178,16 +184,17 @@ def rates_from_levels(levels, u, k):
   return np.cumsum(diff)[1:n1]
 
 
-def reference_plan(p, q, k: int, num_cuts: int | None = None) -> ReferencePlan:
+def reference_plan(p, q, k: int, num_cuts: int | None = None, order=None) -> ReferencePlan:
   """The optimal verifier's construction (levels, r, acceptance) in float64.
 
   Args:
     p, q: draft and target distributions. k: number of drafts (>= 1).
     num_cuts: if given, only the `num_cuts` interior breakpoints with the largest p + q of
       the slot before them get kinetic levels; the others get level 0.
+    order: optional slot order (see `slot_arrays`).
   """
   p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
-  order_N, P, u, Q, h = slot_arrays(p, q, k)
+  order_N, P, u, Q, h = slot_arrays(p, q, k, order)
   n = len(order_N)
   m = int(np.sum(q[order_N] > 0))
   vertex = lower_hull(Q, h, m)
