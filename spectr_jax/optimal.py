@@ -193,9 +193,9 @@ def _monotone_cumsum(x_NxC):
   """Inclusive cumulative sums down axis 0 of nonnegative columns that never decrease
   and stay flat across zero entries, by construction: the blocked sums are kept only at
   positive entries (0 elsewhere) and then replaced by their running maximum, which is
-  exact. Where a blocked sum stepped down, the result stays flat for a few entries
-  instead."""
-  return lax.cummax(jnp.where(x_NxC > 0, _cumsum(x_NxC), 0), axis=0)
+  exact (an associative scan: half the time of `lax.cummax` on CPU). Where a blocked sum
+  stepped down, the result stays flat for a few entries instead."""
+  return lax.associative_scan(jnp.maximum, jnp.where(x_NxC > 0, _cumsum(x_NxC), 0), axis=0)
 
 
 _GRID = 2.0**29
@@ -227,64 +227,71 @@ class _Sums(NamedTuple):
 
   def between(self, i, j):
     """Mass of slots (i, j] per column, for index arrays i <= j (shape i.shape + (C,))."""
-    dtype = self.rest_N1xC.dtype
-    grid = (self.grid_N1xC[j] - self.grid_N1xC[i]).astype(dtype) / _GRID
-    return grid + (self.rest_N1xC[j] - self.rest_N1xC[i])
+    return self._value(self.grid_N1xC[j] - self.grid_N1xC[i], self.rest_N1xC[j] - self.rest_N1xC[i])
+
+  def prefix(self):
+    """Mass of slots 1..j for every breakpoint j (N1 x C)."""
+    return self._value(self.grid_N1xC, self.rest_N1xC)
+
+  def suffix(self):
+    """Mass of the slots after j for every breakpoint j (N1 x C)."""
+    return self._value(self.grid_N1xC[-1] - self.grid_N1xC, self.rest_N1xC[-1] - self.rest_N1xC)
+
+  @staticmethod
+  def _value(grid, rest):
+    return grid.astype(rest.dtype) / _GRID + rest
 
 
-@functools.cache
-def _hull_stack(max_k: int):
-  """Lower convex hull of (Q_j, h_j), j = 0..m, by one monotone-chain pass, as a function
-  hull(grid_N1x2, rest_N1x2, u_N1, k, m) -> (stack, size) of the `_Sums` of (p, q).
+@jax.custom_batching.custom_vmap
+def _hull_stack(grid_N1x2, rest_N1x2, m):
+  """Lower convex hull of (Q_j, h_j), j = 0..m, by one monotone-chain pass, given the
+  `_Sums` of the columns (q, h increments).
 
-  stack[:size] are the vertex indices in increasing order. The top b of the stack is
-  popped when the slope from the one below, a, is at least the slope from b to the new
-  point j: (h_b - h_a)(Q_j - Q_b) >= (h_j - h_b)(Q_b - Q_a), with the masses of (a, b] and
-  (b, j] from the sums and h_b - h_a = (P_b - P_a) H_{k-1}(u_a, u_b). Each factor is then
-  accurate relative to itself, so only slopes equal to float precision are confused (the
-  usual form relative to a cancels when j is close to b and misjudged such points on
-  LLM-like pairs). Q never decreases (`_Sums`); of points with equal Q the later, higher
-  one is popped by the ">=", and collinear points are popped. The pass reads the stack only
-  before its one write per step and reads the written cell back to learn whether it
-  pushed, which lets XLA update the stack in place.
+  Returns (stack, size): stack[:size] are the vertex indices in increasing order. The top
+  b of the stack is popped when the slope from the one below, a, is at least the slope
+  from b to the new point j: (h_b - h_a)(Q_j - Q_b) >= (h_j - h_b)(Q_b - Q_a), with the
+  increments of (a, b] and (b, j] from the sums. Each factor is then accurate relative to
+  itself, so only slopes equal to float precision are confused (the usual form relative
+  to a cancels when j is close to b, and misjudged such points on LLM-like pairs). Q and
+  h never decrease (`_Sums`); of points with equal Q the later, higher one is popped by
+  the ">=", and so are collinear points. The pass reads the stack only before its one
+  write per step and reads the written cell back to learn whether it pushed, which lets
+  XLA update the stack in place.
   """
+  n1 = grid_N1x2.shape[0]
 
-  @jax.custom_batching.custom_vmap
-  def hull(grid_N1x2, rest_N1x2, u_N1, k, m):
-    n1 = u_N1.shape[0]
-    sums = _Sums(grid_N1x2, rest_N1x2)
+  def point(j):
+    return _at(grid_N1x2, j), _at(rest_N1x2, j)
 
-    def rise(a, b):
-      dp, dq = sums.between(a, b)
-      return dp * _h2(_at(u_N1, a), _at(u_N1, b), k, max_k), dq
+  def rise(x, y):
+    dq, dh = _Sums._value(y[0] - x[0], y[1] - x[1])
+    return dq, dh
 
-    def body(carry):
-      j, size, stack = carry
-      a = _at(stack, jnp.maximum(size - 2, 0))
-      b = _at(stack, jnp.maximum(size - 1, 0))
-      dh_ab, dq_ab = rise(a, b)
-      dh_bj, dq_bj = rise(b, j)
-      pop = (size >= 2) & (dh_ab * dq_bj >= dh_bj * dq_ab)
-      stack = lax.dynamic_update_index_in_dim(stack, j, jnp.where(pop, n1, size), 0)
-      pushed = (_at(stack, size) == j).astype(jnp.int32)
-      return j + pushed, size + 2 * pushed - 1, stack
+  def body(carry):
+    j, size, stack = carry
+    a = point(_at(stack, jnp.maximum(size - 2, 0)))
+    b = point(_at(stack, jnp.maximum(size - 1, 0)))
+    dq_ab, dh_ab = rise(a, b)
+    dq_bj, dh_bj = rise(b, point(j))
+    pop = (size >= 2) & (dh_ab * dq_bj >= dh_bj * dq_ab)
+    stack = lax.dynamic_update_index_in_dim(stack, j, jnp.where(pop, n1, size), 0)
+    pushed = (_at(stack, size) == j).astype(jnp.int32)
+    return j + pushed, size + 2 * pushed - 1, stack
 
-    init = (jnp.int32(0), jnp.int32(0), jnp.full((n1 + 1,), -1, jnp.int32))
-    _, size, stack = lax.while_loop(lambda c: c[0] <= m, body, init)
-    return stack[:n1], size
-
-  @hull.def_vmap
-  def _hull_vmap(axis_size, in_batched, *args):
-    return _map_batched(hull, axis_size, in_batched, *args)
-
-  return hull
+  init = (jnp.int32(0), jnp.int32(0), jnp.full((n1 + 1,), -1, jnp.int32))
+  _, size, stack = lax.while_loop(lambda c: c[0] <= m, body, init)
+  return stack[:n1], size
 
 
-def _slope(mass, u_N1, a, b, k, max_k: int, flat):
-  """Hull slope (h_b - h_a) / (Q_b - Q_a) of blocks (a, b] from local differences, h_b -
-  h_a = (P_b - P_a) H_{k-1}(u_a, u_b); `flat` where Q_b = Q_a."""
-  dp, dq = jnp.moveaxis(mass(a, b), -1, 0)
-  dh = dp * _h2(u_N1[a], u_N1[b], k, max_k)
+@_hull_stack.def_vmap
+def _hull_stack_vmap(axis_size, in_batched, *args):
+  return _map_batched(_hull_stack, axis_size, in_batched, *args)
+
+
+def _slope(rise, a, b, flat):
+  """Hull slope (h_b - h_a) / (Q_b - Q_a) of blocks (a, b] from `rise(a, b)` = (Q_b - Q_a,
+  h_b - h_a); `flat` where Q_b = Q_a."""
+  dq, dh = rise(a, b)
   return jnp.where(dq > 0, dh / jnp.where(dq > 0, dq, 1.0), flat)
 
 
@@ -301,11 +308,11 @@ class _Kinetic(NamedTuple):
   level: jax.Array
 
 
-def _kinetic(nodes_M, is_node_M, a_M, b_M, mass, u_N1, k, max_k):
+def _kinetic(nodes_M, is_node_M, a_M, b_M, mass, rise, u_N1, k, max_k):
   """Kinetic levels of the candidate breakpoints `nodes_M` (sorted by index).
 
-  `mass(i, j)` gives the normalised masses (P_j - P_i, Q_j - Q_i) of slots (i, j] (from
-  `_Sums`). Each real candidate j lies strictly inside its block (a_j, b_j). The loop removes the
+  `mass(i, j)` and `rise(i, j)` give P_j - P_i, Q_j - Q_i and Q_j - Q_i, h_j - h_i from
+  the `_Sums`. Each real candidate j lies strictly inside its block (a_j, b_j). The loop removes the
   candidate with the smallest current event, links its neighbours, and records the two
   groups it closes and, for the last candidate of a block, the start of the block's group.
 
@@ -321,7 +328,7 @@ def _kinetic(nodes_M, is_node_M, a_M, b_M, mass, u_N1, k, max_k):
   next_node = jnp.where(next_node == num, -1, next_node)
   prev_slot = jnp.where(prev_node >= 0, nodes_M[jnp.maximum(prev_node, 0)], a_M)
   next_slot = jnp.where(next_node >= 0, nodes_M[jnp.maximum(next_node, 0)], b_M)
-  slope_M = _slope(mass, u_N1, a_M, b_M, k, max_k, 0.0)
+  slope_M = _slope(rise, a_M, b_M, 0.0)
 
   def pad(x, value):
     return jnp.concatenate([x, jnp.full((1,), value, x.dtype)])
@@ -329,7 +336,7 @@ def _kinetic(nodes_M, is_node_M, a_M, b_M, mass, u_N1, k, max_k):
   nodes, slope = pad(nodes_M, 0), pad(slope_M, 0.0)
 
   def event(i, j, r, c):
-    (p_ij, q_ij), (p_jl, q_jl) = jnp.moveaxis(mass(i, j), -1, 0), jnp.moveaxis(mass(j, r), -1, 0)
+    (p_ij, q_ij), (p_jl, q_jl) = mass(i, j), mass(j, r)
     gap = (p_ij + p_jl) * p_ij * p_jl * _h3(u_N1[i], u_N1[j], u_N1[r], k, max_k)
     lift = c * (q_ij * p_jl - q_jl * p_ij)
     return jnp.where(gap > 0, lift / jnp.where(gap > 0, gap, 1.0), 0.0)
@@ -391,28 +398,33 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   k = jnp.asarray(k, jnp.int32)
   order_V = _slot_order(p_V, q_V)
   ps_V, qs_V = p_V[order_V], q_V[order_V]
-  # Prefix sums of p and q with accurate local differences (`_Sums`); P, Q and u = 1 - P
-  # (the mass after j, for precision near P = 1) all derive from them, are monotone by
-  # construction and are divided by the computed totals, so that P_V = u_0 = Q_V = 1 hold
-  # exactly in floats (a float32 total of 1 + 2e-6 would enter r as u_0^k).
-  sums = _Sums.of(jnp.stack([ps_V, qs_V], axis=1))
+  # Prefix sums with accurate local differences (`_Sums`), monotone by construction: of p,
+  # giving u = 1 - P (the mass after j, for precision near P = 1), then of q and
+  # of the increments of h = 1 - u^k, h_t - h_{t-1} = p_t H_{k-1}(u_{t-1}, u_t) (sums of
+  # positive terms: no cancellation at small P). Each is divided by its computed total,
+  # so that P_V = u_0 = Q_V = h_V = 1 hold exactly in floats (a float32 total of
+  # 1 + 2e-6 would enter r as u_0^k).
   j_N1 = jnp.arange(vocab + 1, dtype=jnp.int32)
-  totals = sums.between(jnp.int32(0), jnp.int32(vocab))
-  total_p, total_q = totals[0], totals[1]
+  sums_p = _Sums.of(ps_V[:, None])
+  total_p = sums_p.suffix()[0, 0]
+  u_N1 = sums_p.suffix()[:, 0] / total_p
+  ps_V = ps_V / total_p
+  dh_V = ps_V * _h2(u_N1[:-1], u_N1[1:], k, max_k)
+  sums_qh = _Sums.of(jnp.stack([qs_V, dh_V], axis=1))
+  totals_qh = sums_qh.suffix()[0]
+  Q_N1, h_N1 = jnp.moveaxis(sums_qh.prefix() / totals_qh, -1, 0)
+  qs_V = qs_V / totals_qh[0]
 
   def mass(i, j):
-    return sums.between(i, j) / totals
+    return sums_p.between(i, j)[..., 0] / total_p, sums_qh.between(i, j)[..., 0] / totals_qh[0]
 
-  P_N1, Q_N1 = jnp.moveaxis(mass(jnp.zeros_like(j_N1), j_N1), -1, 0)
-  u_N1 = mass(j_N1, jnp.full_like(j_N1, vocab))[:, 0]
-  ps_V, qs_V = ps_V / total_p, qs_V / total_q
-  # h = 1 - u^k as P H_{k-1}(1, u) (no cancellation at small P); P and u are rounded
-  # separately, so the running maximum keeps h non-decreasing too.
-  h_N1 = lax.cummax(P_N1 * _h2(jnp.ones_like(u_N1), u_N1, k, max_k))
+  def rise(i, j):
+    return jnp.moveaxis(sums_qh.between(i, j) / totals_qh, -1, 0)
+
   m = jnp.sum((p_V > 0) & (q_V > 0)).astype(jnp.int32)
 
   # Blocks: the lower hull's vertices, then every breakpoint from m on.
-  stack_N1, size = _hull_stack(max_k)(sums.grid_N1xC, sums.rest_N1xC, u_N1, k, m)
+  stack_N1, size = _hull_stack(sums_qh.grid_N1xC, sums_qh.rest_N1xC, m)
   on_hull = jnp.zeros((vocab + 2,), bool).at[jnp.where(j_N1 < size, stack_N1, vocab + 1)].set(True)
   vertex_N1 = on_hull[: vocab + 1] | (j_N1 >= m)
   count_N1 = jnp.cumsum(vertex_N1.astype(jnp.int32))
@@ -436,7 +448,7 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   a_M = jnp.where(is_node_M, a_V[jnp.maximum(nodes_M - 1, 0)], 0)
   b_M = jnp.where(is_node_M, b_V[jnp.maximum(nodes_M - 1, 0)], 0)
   node, level, left, right, life, final_b = _kinetic(
-    nodes_M, is_node_M, a_M, b_M, mass, u_N1, k, max_k
+    nodes_M, is_node_M, a_M, b_M, mass, rise, u_N1, k, max_k
   )
   cut_M = jnp.where(node < num, nodes_M[jnp.minimum(node, num - 1)], vocab + 1)
   levels_N1 = vertex_N1.astype(dtype).at[cut_M].set(level, mode="drop")
@@ -453,9 +465,9 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   r_V = jnp.zeros((vocab,), dtype).at[order_V].set(r_slot_V)
   accept = jnp.sum(jnp.minimum(r_V, q_V))
 
-  q_tot = 1.0 - jnp.sum(jnp.where(p_V > 0, 0.0, q_V)) / total_q
+  q_tot = 1.0 - jnp.sum(jnp.where(p_V > 0, 0.0, q_V)) / totals_qh[0]
   bound = jnp.minimum(jnp.min(q_tot - Q_N1 + h_N1), 1.0)
-  slope_V = _slope(mass, u_N1, a_V, b_V, k, max_k, jnp.inf)
+  slope_V = _slope(rise, a_V, b_V, jnp.inf)
   excess_V = jnp.where(slope_V <= 1.0, r_slot_V - qs_V, qs_V - r_slot_V)
   shortfall = jnp.sum(jnp.where(ps_V > 0, jnp.maximum(excess_V, 0.0), 0.0))
   slot_V = jnp.zeros((vocab,), jnp.int32).at[order_V].set(j_N1[1:])
