@@ -28,8 +28,8 @@ on near-flat pairs (logit scale 1, V = 1000, k = 8) 64 cuts lose 1.4e-2 and 256 
 2.5e-3 (docs/OPTIMAL_VERIFIER.md). `OptimalPlan.shortfall` reports the gap.
 
 Numerics: every prefix sum the construction relies on is monotone by construction and
-has accurate local differences (`_Sums`: exact integer sums of 2^-29 units plus monotone
-sums of the remainders), and the hull compares the slopes of adjacent segments, so ties,
+has accurate local differences (`_Sums`: two exact int32 sums, of 2^-29 units and of
+the remainders in finer units), and the hull compares the slopes of adjacent segments, so ties,
 zero masses and float noise cost acceptance at float precision only.
 
 CPU note: the slot order (a counting sort for large V) and the hull are sequential
