@@ -7,11 +7,12 @@ layer for that round (a K(L+1) x 1024 by 1024 x V matmul). The three are timed
 interleaved, so a busy machine slows them alike and the ratios stay meaningful.
 
 Acceptance: sum min(r, q) of the verifier (with num_cuts = M) as a fraction of alpha*,
-beside K-SEQ's, on LLM-like pairs (p, q = softmax of correlated Gaussian logits) and
-Dirichlet pairs.
+beside K-SEQ's, on LLM-like pairs (p, q = softmax of correlated Gaussian logits at
+--scale; scale 1 gives near-flat pairs) and Dirichlet pairs.
 
 Usage: python scripts/bench_optimal.py [--vocab_sizes 1000,32000] [--num_drafts 2,4,8]
-  [--num_cuts 64] [--repeats 20] [--pairs 4]
+  [--num_cuts 64] [--repeats 20] [--pairs 4] [--kinds llm,dirichlet] [--scale 3]
+  [--skip_speed]
 """
 
 import argparse
@@ -89,23 +90,38 @@ def time_optimal_round(
   return row
 
 
-def acceptance_row(vocab: int, num_drafts: int, num_cuts: int, pairs: int, kind: str) -> dict:
-  """Mean and worst acceptance / alpha* of the verifier and of K-SEQ over `pairs` pairs."""
-  make = llm_like_pair if kind == "llm" else dirichlet_pair
-  opt, kseq = [], []
+def acceptance_row(
+  vocab: int,
+  num_drafts: int,
+  num_cuts: int,
+  pairs: int,
+  kind: str,
+  scale: float = 3.0,
+  max_k: int | None = None,
+) -> dict:
+  """Mean and worst acceptance / alpha* of the verifier and of K-SEQ over `pairs` pairs,
+  and the worst alpha* - acceptance."""
+  opt, kseq, gap = [], [], []
   for seed in range(pairs):
-    p_V, q_V = make(100 + seed, vocab)
+    if kind == "llm":
+      p_V, q_V = llm_like_pair(100 + seed, vocab, scale)
+    else:
+      p_V, q_V = dirichlet_pair(100 + seed, vocab)
     bound = float(acceptance.optimal_acceptance(p_V, q_V, num_drafts))
-    _, accept = optimal.selection_law(p_V, q_V, num_drafts, num_cuts=num_cuts)
+    _, accept = optimal.selection_law(
+      p_V, q_V, num_drafts, num_cuts=num_cuts, max_k=max_k or num_drafts
+    )
     opt.append(float(accept) / bound)
+    gap.append(bound - float(accept))
     kseq.append(float(acceptance.kseq_acceptance(p_V, q_V, num_drafts).hit) / bound)
   return {
     "V": vocab,
     "K": num_drafts,
     "M": num_cuts,
-    "pairs": kind,
+    "pairs": kind if kind != "llm" else f"llm s={scale:g}",
     "optimal/a* mean": float(np.mean(opt)),
     "optimal/a* min": float(np.min(opt)),
+    "max a*-accept": float(np.max(gap)),
     "kseq/a* mean": float(np.mean(kseq)),
   }
 
@@ -117,6 +133,8 @@ def format_rows(rows: list[dict]) -> str:
 
   def cell(col, v):
     if isinstance(v, float):
+      if col.startswith("max"):
+        return f"{v:.1e}"
       return f"{v:.6f}" if "a*" in col else f"{v:.3f}"
     return str(v)
 
@@ -133,20 +151,24 @@ def main() -> None:
   parser.add_argument("--draft_len", type=int, default=8)
   parser.add_argument("--repeats", type=int, default=20)
   parser.add_argument("--pairs", type=int, default=4)
+  parser.add_argument("--kinds", default="llm,dirichlet")
+  parser.add_argument("--scale", type=float, default=3.0)
+  parser.add_argument("--skip_speed", action="store_true")
   args = parser.parse_args()
   vocabs = [int(v) for v in args.vocab_sizes.split(",")]
   drafts = [int(k) for k in args.num_drafts.split(",")]
   cuts = [int(m) for m in args.num_cuts.split(",")]
-  speed = [
-    time_optimal_round(v, k, args.draft_len, m, args.repeats)
-    for v in vocabs
-    for k in drafts
-    for m in cuts
-  ]
-  print("Speed: ms per round of L positions (median)\n" + format_rows(speed) + "\n")
+  if not args.skip_speed:
+    speed = [
+      time_optimal_round(v, k, args.draft_len, m, args.repeats)
+      for v in vocabs
+      for k in drafts
+      for m in cuts
+    ]
+    print("Speed: ms per round of L positions (median)\n" + format_rows(speed) + "\n")
   accept = [
-    acceptance_row(v, k, m, args.pairs, kind)
-    for kind in ("llm", "dirichlet")
+    acceptance_row(v, k, m, args.pairs, kind, args.scale, max(drafts))
+    for kind in args.kinds.split(",")
     for v in vocabs
     for k in drafts
     for m in cuts

@@ -21,9 +21,16 @@ used, so the output law is q for ANY levels; only the acceptance depends on them
 Levels: the vertices of the lower convex hull of (Q_j, h_j) (the blocks) get level 1, and
 the `num_cuts` heaviest interior breakpoints (by p + q of the slot before them) get the
 removal times of a deletion-only kinetic hull (OPTIMAL.md); all others get level 0. With
-num_cuts >= V the levels are those of the note and sum min(r, q) = alpha*; with the
-default 64 the measured acceptance stays within 2e-3 of alpha*, with 256 within 1e-4
-(docs/OPTIMAL_VERIFIER.md); `OptimalPlan.shortfall` reports the gap.
+num_cuts >= V the levels are those of the note and sum min(r, q) = alpha*. With the
+default 64, measured on LLM-like pairs (logit scale 3, V = 4096 to 256k, k <= 8), the
+acceptance stays within 1.1e-3 of alpha* (within 2e-5 for k <= 4), with 256 within 3e-6;
+on near-flat pairs (logit scale 1, V = 1000, k = 8) 64 cuts lose 1.4e-2 and 256 lose
+2.5e-3 (docs/OPTIMAL_VERIFIER.md). `OptimalPlan.shortfall` reports the gap.
+
+Numerics: every prefix sum the construction relies on is monotone by construction and
+has accurate local differences (`_Sums`: two exact int32 sums, of 2^-29 units and of
+the remainders in finer units), and the hull compares the slopes of adjacent segments, so ties,
+zero masses and float noise cost acceptance at float precision only.
 
 CPU note: the slot order (a counting sort for large V) and the hull are sequential
 passes written so that XLA updates their buffers in place; under `vmap` these two run
@@ -151,7 +158,7 @@ def _counting_order(code_V):
   """
   vocab = code_V.shape[0]
   counts = jnp.zeros((1 << _COUNTING_SORT_BITS,), jnp.int32).at[code_V].add(1)
-  start = _cumsum(counts.astype(jnp.float32)[:, None])[:, 0].astype(jnp.int32) - counts
+  start = jnp.cumsum(counts) - counts
 
   def place(i, carry):
     offset, order = carry
@@ -171,40 +178,109 @@ def _counting_order_vmap(axis_size, in_batched, code_V):
 
 def _cumsum(x_NxC, block: int = 128):
   """Inclusive cumulative sums down axis 0 of an N x C array, by blocked triangular
-  matmuls (several times faster than `jnp.cumsum` on CPU)."""
+  matmuls with the block totals summed the same way (several times faster than
+  `jnp.cumsum` on CPU). Not monotone: where independently rounded block offsets meet the
+  sums can step down by a unit in the last place (`_Sums` is monotone)."""
   n, c = x_NxC.shape
   rows = -(-n // block)
   x_RxBxC = jnp.pad(x_NxC, ((0, rows * block - n), (0, 0))).reshape(rows, block, c)
-  hi = lax.Precision.HIGHEST
   within = jnp.einsum(
-    "rbc,bd->rdc", x_RxBxC, jnp.triu(jnp.ones((block, block), x_NxC.dtype)), precision=hi
+    "rbc,bd->rdc",
+    x_RxBxC,
+    jnp.triu(jnp.ones((block, block), x_NxC.dtype)),
+    precision=lax.Precision.HIGHEST,
   )
-  offset = jnp.einsum(
-    "rc,rs->sc", within[:, -1], jnp.triu(jnp.ones((rows, rows), x_NxC.dtype), 1), precision=hi
-  )
-  return (within + offset[:, None]).reshape(rows * block, c)[:n]
+  if rows == 1:
+    return within[0, :n]
+  offset_RxC = jnp.concatenate([jnp.zeros((1, c), x_NxC.dtype), _cumsum(within[:-1, -1], block)])
+  return (within + offset_RxC[:, None]).reshape(rows * block, c)[:n]
+
+
+_GRID = 2.0**29
+
+
+class _Sums(NamedTuple):
+  """Prefix sums over breakpoints 0..V of C columns of masses x >= 0 (summing to < 4),
+  held as two exact int32 sums: of x in units of 2^-29 (rounded down), and of the
+  remainders (each < 2^-29) in units of 2^-S, S = 59 - ceil(log2(V + 1)), the largest for
+  which V remainders cannot overflow (remainder bits below 2^-S are dropped: at most
+  V 2^-S in all: 2e-9 at V = 32k, 2.4e-7 at V = 256k).
+
+  `between(i, j)`, the mass of slots (i, j], is thereby accurate relative to itself
+  (not to the total, as a difference of float prefix sums is: 6e-8 absolute in float32),
+  never negative, and non-decreasing in j and non-increasing in i by construction
+  (integer sums in any order are exact; conversion and rounding are monotone).
+  """
+
+  grid_N1xC: jax.Array
+  rest_N1xC: jax.Array
+
+  @classmethod
+  def of(cls, x_VxC):
+    vocab, c = x_VxC.shape
+    fine = 2.0 ** (59 - vocab.bit_length())
+    x_VxC = jnp.maximum(x_VxC, 0.0)
+    grid_VxC = jnp.floor(x_VxC * _GRID).astype(jnp.int32)
+    rest_VxC = x_VxC - grid_VxC.astype(x_VxC.dtype) / _GRID  # exact, in [0, 2^-29)
+    lo_VxC = jnp.floor(rest_VxC * fine).astype(jnp.int32)
+    zero = jnp.zeros((1, c), jnp.int32)
+    lo_N1xC = jnp.concatenate([zero, jnp.cumsum(lo_VxC, axis=0)])
+    return cls(
+      jnp.concatenate([zero, jnp.cumsum(grid_VxC, axis=0)]),
+      lo_N1xC.astype(x_VxC.dtype) / fine,
+    )
+
+  def between(self, i, j):
+    """Mass of slots (i, j] per column, for index arrays i <= j (shape i.shape + (C,))."""
+    return self._value(self.grid_N1xC[j] - self.grid_N1xC[i], self.rest_N1xC[j] - self.rest_N1xC[i])
+
+  def prefix(self):
+    """Mass of slots 1..j for every breakpoint j (N1 x C)."""
+    return self._value(self.grid_N1xC, self.rest_N1xC)
+
+  def suffix(self):
+    """Mass of the slots after j for every breakpoint j (N1 x C)."""
+    return self._value(self.grid_N1xC[-1] - self.grid_N1xC, self.rest_N1xC[-1] - self.rest_N1xC)
+
+  @staticmethod
+  def _value(grid, rest):
+    return grid.astype(rest.dtype) / _GRID + rest
 
 
 @jax.custom_batching.custom_vmap
-def _hull_stack(Q_N1, h_N1, m):
-  """Lower convex hull of (Q_j, h_j), j = 0..m, by one monotone-chain pass.
+def _hull_stack(grid_N1x2, rest_N1x2, m):
+  """Lower convex hull of (Q_j, h_j), j = 0..m, by one monotone-chain pass, given the
+  `_Sums` of the columns (q, h increments).
 
-  Returns (stack, size): stack[:size] are the vertex indices in increasing order.
-  The pass reads the stack only before its one write per step and reads the written
-  cell back to learn whether it pushed, which lets XLA update the stack in place.
+  Returns (stack, size): stack[:size] are the vertex indices in increasing order. The top
+  b of the stack is popped when the slope from the one below, a, is at least the slope
+  from b to the new point j: (h_b - h_a)(Q_j - Q_b) >= (h_j - h_b)(Q_b - Q_a), with the
+  increments of (a, b] and (b, j] from the sums. Each factor is then accurate relative to
+  itself, so only slopes equal to float precision are confused (the usual form relative
+  to a cancels when j is close to b, and misjudged such points on LLM-like pairs). Q and
+  h never decrease (`_Sums`); of points with equal Q the later, higher one is popped by
+  the ">=", and so are collinear points. The pass reads the stack only before its one
+  write per step and reads the written cell back to learn whether it pushed, which lets
+  XLA update the stack in place.
   """
-  n1 = Q_N1.shape[0]
-  at = _at
+  n1 = grid_N1x2.shape[0]
+
+  def point(j):
+    return _at(grid_N1x2, j), _at(rest_N1x2, j)
+
+  def rise(x, y):
+    dq, dh = _Sums._value(y[0] - x[0], y[1] - x[1])
+    return dq, dh
 
   def body(carry):
     j, size, stack = carry
-    a = at(stack, jnp.maximum(size - 2, 0))
-    b = at(stack, jnp.maximum(size - 1, 0))
-    qa, qb, qj = at(Q_N1, a), at(Q_N1, b), at(Q_N1, j)
-    ha, hb, hj = at(h_N1, a), at(h_N1, b), at(h_N1, j)
-    pop = (size >= 2) & ((hb - ha) * (qj - qa) >= (hj - ha) * (qb - qa))
+    a = point(_at(stack, jnp.maximum(size - 2, 0)))
+    b = point(_at(stack, jnp.maximum(size - 1, 0)))
+    dq_ab, dh_ab = rise(a, b)
+    dq_bj, dh_bj = rise(b, point(j))
+    pop = (size >= 2) & (dh_ab * dq_bj >= dh_bj * dq_ab)
     stack = lax.dynamic_update_index_in_dim(stack, j, jnp.where(pop, n1, size), 0)
-    pushed = (at(stack, size) == j).astype(jnp.int32)
+    pushed = (_at(stack, size) == j).astype(jnp.int32)
     return j + pushed, size + 2 * pushed - 1, stack
 
   init = (jnp.int32(0), jnp.int32(0), jnp.full((n1 + 1,), -1, jnp.int32))
@@ -213,8 +289,15 @@ def _hull_stack(Q_N1, h_N1, m):
 
 
 @_hull_stack.def_vmap
-def _hull_stack_vmap(axis_size, in_batched, Q_N1, h_N1, m):
-  return _map_batched(_hull_stack, axis_size, in_batched, Q_N1, h_N1, m)
+def _hull_stack_vmap(axis_size, in_batched, *args):
+  return _map_batched(_hull_stack, axis_size, in_batched, *args)
+
+
+def _slope(rise, a, b, flat):
+  """Hull slope (h_b - h_a) / (Q_b - Q_a) of blocks (a, b] from `rise(a, b)` = (Q_b - Q_a,
+  h_b - h_a); `flat` where Q_b = Q_a."""
+  dq, dh = rise(a, b)
+  return jnp.where(dq > 0, dh / jnp.where(dq > 0, dq, 1.0), flat)
 
 
 class _Kinetic(NamedTuple):
@@ -230,10 +313,11 @@ class _Kinetic(NamedTuple):
   level: jax.Array
 
 
-def _kinetic(nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k, max_k):
+def _kinetic(nodes_M, is_node_M, a_M, b_M, mass, rise, u_N1, k, max_k):
   """Kinetic levels of the candidate breakpoints `nodes_M` (sorted by index).
 
-  Each real candidate j lies strictly inside its block (a_j, b_j). The loop removes the
+  `mass(i, j)` and `rise(i, j)` give P_j - P_i, Q_j - Q_i and Q_j - Q_i, h_j - h_i from
+  the `_Sums`. Each real candidate j lies strictly inside its block (a_j, b_j). The loop removes the
   candidate with the smallest current event, links its neighbours, and records the two
   groups it closes and, for the last candidate of a block, the start of the block's group.
 
@@ -249,8 +333,7 @@ def _kinetic(nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k, max_k):
   next_node = jnp.where(next_node == num, -1, next_node)
   prev_slot = jnp.where(prev_node >= 0, nodes_M[jnp.maximum(prev_node, 0)], a_M)
   next_slot = jnp.where(next_node >= 0, nodes_M[jnp.maximum(next_node, 0)], b_M)
-  dq_M = Q_N1[b_M] - Q_N1[a_M]
-  slope_M = (h_N1[b_M] - h_N1[a_M]) / jnp.where(dq_M > 0, dq_M, 1.0)
+  slope_M = _slope(rise, a_M, b_M, 0.0)
 
   def pad(x, value):
     return jnp.concatenate([x, jnp.full((1,), value, x.dtype)])
@@ -258,8 +341,7 @@ def _kinetic(nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k, max_k):
   nodes, slope = pad(nodes_M, 0), pad(slope_M, 0.0)
 
   def event(i, j, r, c):
-    p_ij, p_jl = P_N1[j] - P_N1[i], P_N1[r] - P_N1[j]
-    q_ij, q_jl = Q_N1[j] - Q_N1[i], Q_N1[r] - Q_N1[j]
+    (p_ij, q_ij), (p_jl, q_jl) = mass(i, j), mass(j, r)
     gap = (p_ij + p_jl) * p_ij * p_jl * _h3(u_N1[i], u_N1[j], u_N1[r], k, max_k)
     lift = c * (q_ij * p_jl - q_jl * p_ij)
     return jnp.where(gap > 0, lift / jnp.where(gap > 0, gap, 1.0), 0.0)
@@ -321,22 +403,37 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   k = jnp.asarray(k, jnp.int32)
   order_V = _slot_order(p_V, q_V)
   ps_V, qs_V = p_V[order_V], q_V[order_V]
-  zero = jnp.zeros((1, 3), dtype)
-  sums = _cumsum(jnp.stack([ps_V, qs_V, ps_V[::-1]], axis=1))
-  sums = jnp.concatenate([zero, sums])
-  # Divide by the computed totals, so that u_0 = 1 and Q_V = 1 hold exactly in floats.
-  total_p, total_q = sums[-1, 2], sums[-1, 1]
-  P_N1, u_N1, ps_V = sums[:, 0] / total_p, sums[::-1, 2] / total_p, ps_V / total_p
-  Q_N1, qs_V = sums[:, 1] / total_q, qs_V / total_q
-  h_N1 = P_N1 * _h2(jnp.ones_like(u_N1), u_N1, k, max_k)
+  # Prefix sums with accurate local differences (`_Sums`), monotone by construction: of p,
+  # giving u = 1 - P (the mass after j, for precision near P = 1), then of q and
+  # of the increments of h = 1 - u^k, h_t - h_{t-1} = p_t H_{k-1}(u_{t-1}, u_t) (sums of
+  # positive terms: no cancellation at small P). Each is divided by its computed total,
+  # so that u_0 = Q_V = h_V = 1 hold exactly in floats (a float32 total of 1 + 2e-6
+  # would enter r as u_0^k).
+  j_N1 = jnp.arange(vocab + 1, dtype=jnp.int32)
+  sums_p = _Sums.of(ps_V[:, None])
+  total_p = sums_p.suffix()[0, 0]
+  u_N1 = sums_p.suffix()[:, 0] / total_p
+  ps_V = ps_V / total_p
+  dh_V = ps_V * _h2(u_N1[:-1], u_N1[1:], k, max_k)
+  sums_qh = _Sums.of(jnp.stack([qs_V, dh_V], axis=1))
+  totals_qh = sums_qh.suffix()[0]
+  totals_qh = jnp.where(totals_qh > 0, totals_qh, 1.0)  # h = 0 for k = 0
+  Q_N1, h_N1 = jnp.moveaxis(sums_qh.prefix() / totals_qh, -1, 0)
+  qs_V = qs_V / totals_qh[0]
+
+  def mass(i, j):
+    return sums_p.between(i, j)[..., 0] / total_p, sums_qh.between(i, j)[..., 0] / totals_qh[0]
+
+  def rise(i, j):
+    return jnp.moveaxis(sums_qh.between(i, j) / totals_qh, -1, 0)
+
   m = jnp.sum((p_V > 0) & (q_V > 0)).astype(jnp.int32)
 
   # Blocks: the lower hull's vertices, then every breakpoint from m on.
-  stack_N1, size = _hull_stack(Q_N1, h_N1, m)
-  j_N1 = jnp.arange(vocab + 1, dtype=jnp.int32)
+  stack_N1, size = _hull_stack(sums_qh.grid_N1xC, sums_qh.rest_N1xC, m)
   on_hull = jnp.zeros((vocab + 2,), bool).at[jnp.where(j_N1 < size, stack_N1, vocab + 1)].set(True)
   vertex_N1 = on_hull[: vocab + 1] | (j_N1 >= m)
-  count_N1 = _cumsum(vertex_N1.astype(dtype)[:, None])[:, 0].astype(jnp.int32)
+  count_N1 = jnp.cumsum(vertex_N1.astype(jnp.int32))
   # Slot t = 1..V lies in block (a_t, b_t]: a_t the last vertex before t, b_t the first from t.
   block_V = count_N1[:-1] - 1
   vertices_N1 = (
@@ -357,7 +454,7 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   a_M = jnp.where(is_node_M, a_V[jnp.maximum(nodes_M - 1, 0)], 0)
   b_M = jnp.where(is_node_M, b_V[jnp.maximum(nodes_M - 1, 0)], 0)
   node, level, left, right, life, final_b = _kinetic(
-    nodes_M, is_node_M, a_M, b_M, P_N1, Q_N1, u_N1, h_N1, k, max_k
+    nodes_M, is_node_M, a_M, b_M, mass, rise, u_N1, k, max_k
   )
   cut_M = jnp.where(node < num, nodes_M[jnp.minimum(node, num - 1)], vocab + 1)
   levels_N1 = vertex_N1.astype(dtype).at[cut_M].set(level, mode="drop")
@@ -374,10 +471,9 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   r_V = jnp.zeros((vocab,), dtype).at[order_V].set(r_slot_V)
   accept = jnp.sum(jnp.minimum(r_V, q_V))
 
-  q_tot = 1.0 - jnp.sum(jnp.where(p_V > 0, 0.0, q_V)) / total_q
+  q_tot = 1.0 - jnp.sum(jnp.where(p_V > 0, 0.0, q_V)) / totals_qh[0]
   bound = jnp.minimum(jnp.min(q_tot - Q_N1 + h_N1), 1.0)
-  dq_V = Q_N1[b_V] - Q_N1[a_V]
-  slope_V = jnp.where(dq_V > 0, (h_N1[b_V] - h_N1[a_V]) / jnp.where(dq_V > 0, dq_V, 1.0), jnp.inf)
+  slope_V = _slope(rise, a_V, b_V, jnp.inf)
   excess_V = jnp.where(slope_V <= 1.0, r_slot_V - qs_V, qs_V - r_slot_V)
   shortfall = jnp.sum(jnp.where(ps_V > 0, jnp.maximum(excess_V, 0.0), 0.0))
   slot_V = jnp.zeros((vocab,), jnp.int32).at[order_V].set(j_N1[1:])

@@ -8,6 +8,10 @@
   variants are caught.
 - Monte Carlo chi-square tests in float32 at V = 1000 and V = 32000 with k = 8, each with
   a deliberately broken variant that must be rejected.
+- At LLM vocabularies (V = 4096, 32k, 128k, 256k; k = 2, 4, 8; 4 seeds): the float32
+  plan's acceptance equals the float64 reference's with the same slot order and num_cuts,
+  its bound equals alpha*, and shortfall = bound - accept; prefix sums that step down by
+  one unit in the last place at block boundaries are caught.
 """
 
 import itertools
@@ -18,7 +22,7 @@ import numpy as np
 import pytest
 
 from spectr_jax import acceptance, optimal
-from spectr_jax import optimal_reference as ref
+from tests import optimal_reference as ref
 from tests import stats
 
 TOL64 = 1e-9
@@ -320,3 +324,70 @@ def test_slot_order_sorts_by_ratio_code_then_index(vocab):
   assert np.all(np.diff(group) >= 0)
   ratio = q[group == 0] / p[group == 0]
   assert np.all(ratio[1:] <= ratio[:-1] * (1 + 2**-7))
+
+
+def _llm_pair(seed, vocab):
+  """p, q = softmax of correlated Gaussian logits (correlation 0.8), scale 2, 3, 4 or 3."""
+  scale = (2.0, 3.0, 4.0, 3.0)[seed % 4]
+  rng = np.random.default_rng(seed)
+  z = rng.standard_normal(vocab)
+  p_V = jax.nn.softmax(jnp.asarray(scale * z, jnp.float32))
+  q_V = jax.nn.softmax(
+    jnp.asarray(scale * (0.8 * z + 0.6 * rng.standard_normal(vocab)), jnp.float32)
+  )
+  return p_V, q_V
+
+
+LLM_TOL = 1e-5
+
+
+def _check_plan_against_reference(plan, p_V, q_V, k, num_cuts, what):
+  """The plan's accept equals the float64 reference with the plan's slot order and the same
+  num_cuts (the hull, the candidates and the levels recomputed independently), its bound
+  equals alpha*, and shortfall = bound - accept, each to LLM_TOL."""
+  p, q = np.asarray(p_V, np.float64), np.asarray(q_V, np.float64)
+  expected = ref.reference_plan(p, q, k, num_cuts, order=np.asarray(plan.order_V))
+  alpha = float(acceptance.optimal_acceptance(p_V, q_V, k))
+  accept, bound, shortfall = float(plan.accept), float(plan.bound), float(plan.shortfall)
+  assert abs(accept - expected.accept) < LLM_TOL, f"{what}: accept {accept} vs {expected.accept}"
+  assert abs(bound - alpha) < LLM_TOL, f"{what}: bound {bound} vs alpha* {alpha}"
+  assert abs(bound - accept - shortfall) < LLM_TOL, f"{what}: shortfall {shortfall}"
+  assert abs(expected.bound - alpha) < LLM_TOL, f"{what}: reference alpha* {expected.bound}"
+
+
+@pytest.mark.parametrize(
+  "vocab",
+  [
+    4096,
+    32000,
+    pytest.param(131072, marks=pytest.mark.slow),
+    pytest.param(262144, marks=pytest.mark.slow),
+  ],
+)
+def test_plan_matches_float64_reference_at_llm_sizes(vocab):
+  for seed, k in itertools.product(range(4), (2, 4, 8)):
+    p_V, q_V = _llm_pair(seed, vocab)
+    plan = optimal.optimal_plan(p_V, q_V, k, num_cuts=optimal.DEFAULT_NUM_CUTS, max_k=8)
+    _check_plan_against_reference(
+      plan, p_V, q_V, k, optimal.DEFAULT_NUM_CUTS, f"V={vocab} seed={seed} k={k}"
+    )
+
+
+def _stepped_sums(cls, x_VxC):
+  """Broken `_Sums.of`: plain blocked float prefix sums with every other 128-block one
+  unit in the last place low, so that they step down at block boundaries."""
+  sums = optimal._cumsum(x_VxC)
+  low = (jnp.arange(x_VxC.shape[0])[:, None] // 128) % 2 == 1
+  sums = jnp.where(low, jnp.nextafter(sums, -jnp.inf), sums)
+  zero = jnp.zeros((1, x_VxC.shape[1]), x_VxC.dtype)
+  return cls(
+    jnp.zeros((x_VxC.shape[0] + 1, x_VxC.shape[1]), jnp.int32), jnp.concatenate([zero, sums])
+  )
+
+
+def test_non_monotone_prefix_sums_are_caught(monkeypatch):
+  p_V, q_V = _llm_pair(0, 32000)
+  monkeypatch.setattr(optimal._Sums, "of", classmethod(_stepped_sums))
+  plan = jax.jit(lambda p, q: optimal._plan_single(p, q, 8, optimal.DEFAULT_NUM_CUTS, 8))(p_V, q_V)
+  with pytest.raises(AssertionError, match="accept"):
+    _check_plan_against_reference(plan, p_V, q_V, 8, optimal.DEFAULT_NUM_CUTS, "stepped sums")

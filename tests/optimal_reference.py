@@ -1,8 +1,11 @@
 """Float64 numpy reference of the OT-optimal multi-draft verifier (docs/OPTIMAL_VERIFIER.md).
 
-Slow, sequential and straightforward: it states the construction that `optimal.py`
-vectorises, and the tests check the JAX verifier against it. Notation (slots, P, u, Q,
-h, levels, groups) as in `optimal.py`.
+A test oracle: sequential and straightforward, it states the construction that
+`spectr_jax/optimal.py` vectorises, and tests/test_optimal.py checks the JAX verifier
+against it (nothing in spectr_jax imports it). Its prefix sums are numpy's sequential
+float64 sums, monotone for nonnegative masses. Notation (slots, P, u, Q, h, levels,
+groups) as in `optimal.py`. Fast enough for V = 256k with a few hundred cuts: the hull is
+one pass over Python floats and breakpoints of level 0 are merged in bulk.
 
 - `reference_plan(p, q, k)`: slot order, (Q, h) lower hull, kinetic levels (all interior
   breakpoints, or only the `num_cuts` heaviest), the selection law r and sum min(r, q).
@@ -54,12 +57,18 @@ class ReferencePlan(NamedTuple):
   bound: float
 
 
-def slot_arrays(p, q, k):
-  """Slot order and the prefix arrays P, u, Q, h over breakpoints 0..n."""
+def slot_arrays(p, q, k, order=None):
+  """Slot order and the prefix arrays P, u, Q, h over breakpoints 0..n.
+
+  `order` (optional): a token order to use instead of sorting by q/p (its tokens with
+  p > 0 become the slots), e.g. the JAX plan's quantized order.
+  """
   p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
-  support = np.flatnonzero(p > 0)
-  ratio = q[support] / p[support]
-  order_N = support[np.argsort(-ratio, kind="stable")]
+  if order is None:
+    support = np.flatnonzero(p > 0)
+    order_N = support[np.argsort(-(q[support] / p[support]), kind="stable")]
+  else:
+    order_N = np.asarray(order)[p[np.asarray(order)] > 0]
   ps, qs = p[order_N], q[order_N]
   P = np.concatenate([[0.0], np.cumsum(ps)])
   u = np.concatenate([np.cumsum(ps[::-1])[::-1], [0.0]])
@@ -70,12 +79,15 @@ def slot_arrays(p, q, k):
 
 def lower_hull(Q, h, m: int):
   """Vertex mask of the lower convex hull of (Q_j, h_j), j = 0..m; breakpoints > m are
-  vertices too (each slot with q = 0 is its own block)."""
+  vertices too (each slot with q = 0 is its own block). The top b is popped when the
+  slope into it is at least the slope out of it (collinear points are popped)."""
+  Qs, hs = Q[: m + 1].tolist(), h[: m + 1].tolist()
   stack: list[int] = []
   for j in range(m + 1):
+    qj, hj = Qs[j], hs[j]
     while len(stack) >= 2:
       a, b = stack[-2], stack[-1]
-      if (h[b] - h[a]) * (Q[j] - Q[a]) >= (h[j] - h[a]) * (Q[b] - Q[a]):
+      if (hs[b] - hs[a]) * (qj - Qs[b]) >= (hj - hs[b]) * (Qs[b] - Qs[a]):
         stack.pop()
       else:
         break
@@ -139,46 +151,50 @@ def rates_from_levels(levels, u, k):
 
   While group (i, l] exists (an interval of U), each of its slots is selected at rate
   H_{k-1}(u_i, u_l) per unit of p; integrating over U ~ Uniform(0, 1) gives r / p.
+  Breakpoints of level <= 0 never cut, so the groups start as the runs between the others;
+  those with level in (0, 1) are then removed in order of level, closing two groups each.
   """
   n1 = len(levels)
   levels = np.asarray(levels, np.float64).copy()
   levels[0] = levels[-1] = 1.0
-  prev = np.arange(-1, n1 - 1)
-  nxt = np.arange(1, n1 + 1)
+  nodes = np.flatnonzero(levels > 0)
+  prev = dict(zip(nodes[1:].tolist(), nodes[:-1].tolist(), strict=True))
+  nxt = dict(zip(nodes[:-1].tolist(), nodes[1:].tolist(), strict=True))
   start = np.zeros(n1)  # start[l]: level at which the group ending at l was formed
-  diff = np.zeros(n1 + 1)
-
-  def close(i, r, end):
-    w = (end - start[r]) * complete_h2(u[i], u[r], k - 1)
-    diff[i + 1] += w
-    diff[r + 1] -= w
-
-  for j in sorted(range(1, n1 - 1), key=lambda t: levels[t]):
-    if levels[j] >= 1.0:
-      break
-    lv = max(levels[j], 0.0)
+  left, right, life = [], [], []  # closed groups (left, right] and their lifetimes
+  for j in sorted(nodes[levels[nodes] < 1.0].tolist(), key=lambda t: levels[t]):
+    lv = levels[j]
     i, r = prev[j], nxt[j]
-    close(i, j, lv)
-    close(j, r, lv)
+    left += [i, j]
+    right += [j, r]
+    life += [lv - start[j], lv - start[r]]
     nxt[i], prev[r] = r, i
     start[r] = lv
-  j = 0
+  last, j = [0], 0
   while j < n1 - 1:
-    close(j, nxt[j], 1.0)
     j = nxt[j]
+    last.append(j)
+  left = np.array(left + last[:-1], int)
+  right = np.array(right + last[1:], int)
+  life = np.concatenate([life, 1.0 - start[last[1:]]])
+  w = life * complete_h2(u[left], u[right], k - 1)
+  diff = np.zeros(n1 + 1)
+  np.add.at(diff, left + 1, w)
+  np.add.at(diff, right + 1, -w)
   return np.cumsum(diff)[1:n1]
 
 
-def reference_plan(p, q, k: int, num_cuts: int | None = None) -> ReferencePlan:
+def reference_plan(p, q, k: int, num_cuts: int | None = None, order=None) -> ReferencePlan:
   """The optimal verifier's construction (levels, r, acceptance) in float64.
 
   Args:
     p, q: draft and target distributions. k: number of drafts (>= 1).
     num_cuts: if given, only the `num_cuts` interior breakpoints with the largest p + q of
       the slot before them get kinetic levels; the others get level 0.
+    order: optional slot order (see `slot_arrays`).
   """
   p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
-  order_N, P, u, Q, h = slot_arrays(p, q, k)
+  order_N, P, u, Q, h = slot_arrays(p, q, k, order)
   n = len(order_N)
   m = int(np.sum(q[order_N] > 0))
   vertex = lower_hull(Q, h, m)
