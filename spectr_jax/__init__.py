@@ -4,7 +4,7 @@ Shape letters used in names throughout the package (one meaning each; `x` separa
 axes, e.g. p_BxKxLxV):
   B   batch: rows of one call (prompts, or training rows)
   K   drafts                          L   draft length; L1 = L + 1, L2 = L + 2
-  V   vocabulary; V1 = V + 1          X   positions flattened into one axis
+  V   vocabulary; V1 = V + 1, V2 = V + 2   X   positions flattened into one axis
   T   time: tokens along a sequence (the new tokens of a call); T1 = T + 1
   P   prompt width (right-padded)     W   width of a token buffer (prompt + new tokens,
                                           or the output buffer of a decode)
@@ -14,6 +14,7 @@ axes, e.g. p_BxKxLxV):
   N   layers                          M   candidate breakpoints (optimal verifier)
   E   examples: rows of a data set (held-out rows) or prompts of one seed
   Z   seeds of a sweep                I   bootstrap resamples
+  A   any length (generic helpers)    C   columns stacked side by side
 
 Layers (imports go down only; tests/test_layers.py checks them):
   entry points (experiments/, scripts/)
@@ -21,6 +22,7 @@ Layers (imports go down only; tests/test_layers.py checks them):
      beside it: config (the config boundary), runs and results (storage), report
   -> engine (and its round pieces, rounds)
   -> verify, models, data
+  -> block (block-level verifiers), block_bound (their exact values and the LP bound)
   -> acceptance, optimal, sampling (and checks, sharding, metrics, timing)
 
 The names below are importable from the package itself (`spectr_jax.generate`); they
@@ -39,6 +41,8 @@ _EXPORTS = {
   "kseq": "verify",
   "specinfer": "verify",
   "speculative_sampling": "verify",
+  "block_verify": "block",
+  "block_bound": "block_bound",
   "kseq_acceptance": "acceptance",
   "specinfer_acceptance": "acceptance",
   "optimal_acceptance": "acceptance",

@@ -24,7 +24,7 @@ depth by depth, and block-verifies it against the law of the selection:
 
   at depth t the k_t paths that agree with the selected prefix Z^t survive; Z_{t+1} is
   chosen among their tokens by the OT-optimal per-position selection of
-  `spectr_jax.optimal` (`select`), whose law given the history is r_t = optimal_plan(
+  `spectr_jax.optimal` (`optimal.select`), whose law given the history is r_t = optimal_plan(
   p(. | Z^t), q(. | Z^t), k_t).r_V; run "block" on Z with r_t in place of p (r_t depends
   only on the history, known before Z_{t+1} is drawn).
 
@@ -49,36 +49,10 @@ __all__ = [
   "block_plan",
   "block_verify",
   "check_method",
-  "select",
   "verify_paths",
 ]
 
 METHODS = ("block", "gbv")
-
-
-def select(u_level, u_pick, drafts_K, valid_K, plan: optimal.OptimalPlan):
-  """The draft Z that `optimal`'s rule selects (module docstring of `spectr_jax.optimal`).
-
-  Breakpoints of level >= 1 - u_level cut the slots into groups; Z is draft
-  floor(u_pick * count) of the earliest group holding a valid draft. Its law given the
-  history is `plan.r_V`.
-
-  Args:
-    u_level, u_pick: uniforms in [0, 1). drafts_K, valid_K: the drafts and their mask.
-    plan: `optimal.optimal_plan(p, q, sum(valid_K))`.
-
-  Returns:
-    The index into drafts_K of Z.
-  """
-  vocab = plan.slot_V.shape[0]
-  slot_K = jnp.where(valid_K, plan.slot_V[drafts_K], vocab + 1)
-  first = jnp.min(slot_K)
-  active_V1 = (jnp.arange(vocab + 1) >= first) & (plan.levels_V1 >= 1.0 - u_level)
-  end = jnp.min(jnp.where(active_V1, jnp.arange(vocab + 1), vocab))
-  in_group_K = valid_K & (slot_K <= end)
-  count = jnp.sum(in_group_K)
-  pick = jnp.minimum(jnp.floor(u_pick * count).astype(jnp.int32), count - 1)
-  return jnp.argmax(in_group_K & (jnp.cumsum(in_group_K) - 1 == pick))
 
 
 class BlockPlan(NamedTuple):
@@ -102,7 +76,7 @@ class BlockPlan(NamedTuple):
 
 def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, select_u_Lx2) -> BlockPlan:
   """Path selection and weights of "gbv" (= "block" for K = 1), given the selection
-  uniforms `select_u_Lx2` in [0, 1) (two per depth, see `select`)."""
+  uniforms `select_u_Lx2` in [0, 1) (two per depth, see `optimal.select`)."""
   num_drafts, draft_len = drafts_KxL.shape
   alive_K = jnp.ones((num_drafts,), bool)
   weight = jnp.float32(1.0)
@@ -118,7 +92,7 @@ def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, select_u_Lx2) -> BlockPlan:
     else:
       node = optimal.optimal_plan(p_V, q_V, k, max_k=num_drafts)
       r_V = node.r_V
-      z = x_K[select(select_u_Lx2[t, 0], select_u_Lx2[t, 1], x_K, alive_K, node)]
+      z = x_K[optimal.select(select_u_Lx2[t, 0], select_u_Lx2[t, 1], x_K, alive_K, node)]
     r_z = r_V[z]
     weight = jnp.minimum(1.0, weight * jnp.where(r_z > 0, q_V[z] / jnp.where(r_z > 0, r_z, 1.0), 0))
     path.append(z)

@@ -48,7 +48,15 @@ from jax import lax
 from spectr_jax import acceptance, checks
 from spectr_jax.sampling import categorical
 
-__all__ = ["DEFAULT_NUM_CUTS", "OptimalPlan", "optimal", "optimal_plan", "selection_law"]
+__all__ = [
+  "DEFAULT_NUM_CUTS",
+  "OptimalPlan",
+  "optimal",
+  "optimal_plan",
+  "optimal_unchecked",
+  "select",
+  "selection_law",
+]
 
 DEFAULT_NUM_CUTS = 64
 
@@ -176,24 +184,24 @@ def _counting_order_vmap(axis_size, in_batched, code_V):
   return _map_batched(_counting_order, axis_size, in_batched, code_V)
 
 
-def _cumsum(x_NxC, block: int = 128):
+def _cumsum(x_AxC, block: int = 128):
   """Inclusive cumulative sums down axis 0 of an N x C array, by blocked triangular
   matmuls with the block totals summed the same way (several times faster than
   `jnp.cumsum` on CPU). Not monotone: where independently rounded block offsets meet the
   sums can step down by a unit in the last place (`_Sums` is monotone)."""
-  n, c = x_NxC.shape
+  n, c = x_AxC.shape
   rows = -(-n // block)
-  x_RxBxC = jnp.pad(x_NxC, ((0, rows * block - n), (0, 0))).reshape(rows, block, c)
+  blocks = jnp.pad(x_AxC, ((0, rows * block - n), (0, 0))).reshape(rows, block, c)
   within = jnp.einsum(
     "rbc,bd->rdc",
-    x_RxBxC,
-    jnp.triu(jnp.ones((block, block), x_NxC.dtype)),
+    blocks,
+    jnp.triu(jnp.ones((block, block), x_AxC.dtype)),
     precision=lax.Precision.HIGHEST,
   )
   if rows == 1:
     return within[0, :n]
-  offset_RxC = jnp.concatenate([jnp.zeros((1, c), x_NxC.dtype), _cumsum(within[:-1, -1], block)])
-  return (within + offset_RxC[:, None]).reshape(rows * block, c)[:n]
+  offsets = jnp.concatenate([jnp.zeros((1, c), x_AxC.dtype), _cumsum(within[:-1, -1], block)])
+  return (within + offsets[:, None]).reshape(rows * block, c)[:n]
 
 
 _GRID = 2.0**29
@@ -212,8 +220,8 @@ class _Sums(NamedTuple):
   (integer sums in any order are exact; conversion and rounding are monotone).
   """
 
-  grid_N1xC: jax.Array
-  rest_N1xC: jax.Array
+  grid_V1xC: jax.Array
+  rest_V1xC: jax.Array
 
   @classmethod
   def of(cls, x_VxC):
@@ -224,23 +232,23 @@ class _Sums(NamedTuple):
     rest_VxC = x_VxC - grid_VxC.astype(x_VxC.dtype) / _GRID  # exact, in [0, 2^-29)
     lo_VxC = jnp.floor(rest_VxC * fine).astype(jnp.int32)
     zero = jnp.zeros((1, c), jnp.int32)
-    lo_N1xC = jnp.concatenate([zero, jnp.cumsum(lo_VxC, axis=0)])
+    lo_V1xC = jnp.concatenate([zero, jnp.cumsum(lo_VxC, axis=0)])
     return cls(
       jnp.concatenate([zero, jnp.cumsum(grid_VxC, axis=0)]),
-      lo_N1xC.astype(x_VxC.dtype) / fine,
+      lo_V1xC.astype(x_VxC.dtype) / fine,
     )
 
   def between(self, i, j):
     """Mass of slots (i, j] per column, for index arrays i <= j (shape i.shape + (C,))."""
-    return self._value(self.grid_N1xC[j] - self.grid_N1xC[i], self.rest_N1xC[j] - self.rest_N1xC[i])
+    return self._value(self.grid_V1xC[j] - self.grid_V1xC[i], self.rest_V1xC[j] - self.rest_V1xC[i])
 
   def prefix(self):
     """Mass of slots 1..j for every breakpoint j (N1 x C)."""
-    return self._value(self.grid_N1xC, self.rest_N1xC)
+    return self._value(self.grid_V1xC, self.rest_V1xC)
 
   def suffix(self):
     """Mass of the slots after j for every breakpoint j (N1 x C)."""
-    return self._value(self.grid_N1xC[-1] - self.grid_N1xC, self.rest_N1xC[-1] - self.rest_N1xC)
+    return self._value(self.grid_V1xC[-1] - self.grid_V1xC, self.rest_V1xC[-1] - self.rest_V1xC)
 
   @staticmethod
   def _value(grid, rest):
@@ -248,7 +256,7 @@ class _Sums(NamedTuple):
 
 
 @jax.custom_batching.custom_vmap
-def _hull_stack(grid_N1x2, rest_N1x2, m):
+def _hull_stack(grid_V1x2, rest_V1x2, m):
   """Lower convex hull of (Q_j, h_j), j = 0..m, by one monotone-chain pass, given the
   `_Sums` of the columns (q, h increments).
 
@@ -263,10 +271,10 @@ def _hull_stack(grid_N1x2, rest_N1x2, m):
   write per step and reads the written cell back to learn whether it pushed, which lets
   XLA update the stack in place.
   """
-  n1 = grid_N1x2.shape[0]
+  n1 = grid_V1x2.shape[0]
 
   def point(j):
-    return _at(grid_N1x2, j), _at(rest_N1x2, j)
+    return _at(grid_V1x2, j), _at(rest_V1x2, j)
 
   def rise(x, y):
     dq, dh = _Sums._value(y[0] - x[0], y[1] - x[1])
@@ -313,7 +321,7 @@ class _Kinetic(NamedTuple):
   level: jax.Array
 
 
-def _kinetic(nodes_M, is_node_M, a_M, b_M, mass, rise, u_N1, k, max_k):
+def _kinetic(nodes_M, is_node_M, a_M, b_M, mass, rise, u_V1, k, max_k):
   """Kinetic levels of the candidate breakpoints `nodes_M` (sorted by index).
 
   `mass(i, j)` and `rise(i, j)` give P_j - P_i, Q_j - Q_i and Q_j - Q_i, h_j - h_i from
@@ -342,7 +350,7 @@ def _kinetic(nodes_M, is_node_M, a_M, b_M, mass, rise, u_N1, k, max_k):
 
   def event(i, j, r, c):
     (p_ij, q_ij), (p_jl, q_jl) = mass(i, j), mass(j, r)
-    gap = (p_ij + p_jl) * p_ij * p_jl * _h3(u_N1[i], u_N1[j], u_N1[r], k, max_k)
+    gap = (p_ij + p_jl) * p_ij * p_jl * _h3(u_V1[i], u_V1[j], u_V1[r], k, max_k)
     lift = c * (q_ij * p_jl - q_jl * p_ij)
     return jnp.where(gap > 0, lift / jnp.where(gap > 0, gap, 1.0), 0.0)
 
@@ -409,16 +417,16 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   # positive terms: no cancellation at small P). Each is divided by its computed total,
   # so that u_0 = Q_V = h_V = 1 hold exactly in floats (a float32 total of 1 + 2e-6
   # would enter r as u_0^k).
-  j_N1 = jnp.arange(vocab + 1, dtype=jnp.int32)
+  j_V1 = jnp.arange(vocab + 1, dtype=jnp.int32)
   sums_p = _Sums.of(ps_V[:, None])
   total_p = sums_p.suffix()[0, 0]
-  u_N1 = sums_p.suffix()[:, 0] / total_p
+  u_V1 = sums_p.suffix()[:, 0] / total_p
   ps_V = ps_V / total_p
-  dh_V = ps_V * _h2(u_N1[:-1], u_N1[1:], k, max_k)
+  dh_V = ps_V * _h2(u_V1[:-1], u_V1[1:], k, max_k)
   sums_qh = _Sums.of(jnp.stack([qs_V, dh_V], axis=1))
   totals_qh = sums_qh.suffix()[0]
   totals_qh = jnp.where(totals_qh > 0, totals_qh, 1.0)  # h = 0 for k = 0
-  Q_N1, h_N1 = jnp.moveaxis(sums_qh.prefix() / totals_qh, -1, 0)
+  Q_V1, h_V1 = jnp.moveaxis(sums_qh.prefix() / totals_qh, -1, 0)
   qs_V = qs_V / totals_qh[0]
 
   def mass(i, j):
@@ -430,41 +438,41 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   m = jnp.sum((p_V > 0) & (q_V > 0)).astype(jnp.int32)
 
   # Blocks: the lower hull's vertices, then every breakpoint from m on.
-  stack_N1, size = _hull_stack(sums_qh.grid_N1xC, sums_qh.rest_N1xC, m)
-  on_hull = jnp.zeros((vocab + 2,), bool).at[jnp.where(j_N1 < size, stack_N1, vocab + 1)].set(True)
-  vertex_N1 = on_hull[: vocab + 1] | (j_N1 >= m)
-  count_N1 = jnp.cumsum(vertex_N1.astype(jnp.int32))
+  stack_V1, size = _hull_stack(sums_qh.grid_V1xC, sums_qh.rest_V1xC, m)
+  on_hull = jnp.zeros((vocab + 2,), bool).at[jnp.where(j_V1 < size, stack_V1, vocab + 1)].set(True)
+  vertex_V1 = on_hull[: vocab + 1] | (j_V1 >= m)
+  count_V1 = jnp.cumsum(vertex_V1.astype(jnp.int32))
   # Slot t = 1..V lies in block (a_t, b_t]: a_t the last vertex before t, b_t the first from t.
-  block_V = count_N1[:-1] - 1
-  vertices_N1 = (
+  block_V = count_V1[:-1] - 1
+  vertices_V2 = (
     jnp.full((vocab + 2,), vocab, jnp.int32)
-    .at[jnp.where(vertex_N1, count_N1 - 1, vocab + 1)]
-    .set(j_N1)
+    .at[jnp.where(vertex_V1, count_V1 - 1, vocab + 1)]
+    .set(j_V1)
   )
-  a_V, b_V = vertices_N1[block_V], vertices_N1[block_V + 1]
+  a_V, b_V = vertices_V2[block_V], vertices_V2[block_V + 1]
 
   # Kinetic levels of the num_cuts heaviest interior breakpoints.
   num = min(max(num_cuts, 1), vocab + 1)
-  weight_N1 = jnp.concatenate([jnp.full((1,), -jnp.inf, dtype), ps_V + qs_V])
-  weight_N1 = jnp.where(vertex_N1, -jnp.inf, weight_N1)
-  top_w, top_j = lax.top_k(weight_N1, num)
+  weight_V1 = jnp.concatenate([jnp.full((1,), -jnp.inf, dtype), ps_V + qs_V])
+  weight_V1 = jnp.where(vertex_V1, -jnp.inf, weight_V1)
+  top_w, top_j = lax.top_k(weight_V1, num)
   order_M = jnp.argsort(top_j)
   nodes_M = top_j[order_M].astype(jnp.int32)
   is_node_M = (top_w[order_M] > -jnp.inf) & (num_cuts > 0)
   a_M = jnp.where(is_node_M, a_V[jnp.maximum(nodes_M - 1, 0)], 0)
   b_M = jnp.where(is_node_M, b_V[jnp.maximum(nodes_M - 1, 0)], 0)
   node, level, left, right, life, final_b = _kinetic(
-    nodes_M, is_node_M, a_M, b_M, mass, rise, u_N1, k, max_k
+    nodes_M, is_node_M, a_M, b_M, mass, rise, u_V1, k, max_k
   )
   cut_M = jnp.where(node < num, nodes_M[jnp.minimum(node, num - 1)], vocab + 1)
-  levels_N1 = vertex_N1.astype(dtype).at[cut_M].set(level, mode="drop")
+  levels_V1 = vertex_V1.astype(dtype).at[cut_M].set(level, mode="drop")
 
   # Selection rates: each block's final group, plus the groups closed in the loop.
   final_start = (
     jnp.zeros((vocab + 2,), dtype).at[jnp.where(final_b >= 0, final_b, vocab + 1)].set(level)
   )
-  rate_V = (1.0 - final_start[b_V]) * _h2(u_N1[a_V], u_N1[b_V], k, max_k)
-  weight_2M = life * _h2(u_N1[left], u_N1[right], k, max_k)
+  rate_V = (1.0 - final_start[b_V]) * _h2(u_V1[a_V], u_V1[b_V], k, max_k)
+  weight_2M = life * _h2(u_V1[left], u_V1[right], k, max_k)
   diff = jnp.zeros((vocab + 2,), dtype).at[left].add(weight_2M).at[right].add(-weight_2M)
   rate_V = rate_V + _cumsum(diff[:vocab, None])[:, 0]
   r_slot_V = ps_V * rate_V
@@ -472,12 +480,12 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   accept = jnp.sum(jnp.minimum(r_V, q_V))
 
   q_tot = 1.0 - jnp.sum(jnp.where(p_V > 0, 0.0, q_V)) / totals_qh[0]
-  bound = jnp.minimum(jnp.min(q_tot - Q_N1 + h_N1), 1.0)
+  bound = jnp.minimum(jnp.min(q_tot - Q_V1 + h_V1), 1.0)
   slope_V = _slope(rise, a_V, b_V, jnp.inf)
   excess_V = jnp.where(slope_V <= 1.0, r_slot_V - qs_V, qs_V - r_slot_V)
   shortfall = jnp.sum(jnp.where(ps_V > 0, jnp.maximum(excess_V, 0.0), 0.0))
-  slot_V = jnp.zeros((vocab,), jnp.int32).at[order_V].set(j_N1[1:])
-  return OptimalPlan(order_V, slot_V, b_V, cut_M, level, levels_N1, r_V, accept, bound, shortfall)
+  slot_V = jnp.zeros((vocab,), jnp.int32).at[order_V].set(j_V1[1:])
+  return OptimalPlan(order_V, slot_V, b_V, cut_M, level, levels_V1, r_V, accept, bound, shortfall)
 
 
 @functools.partial(jax.jit, static_argnames=("num_cuts", "max_k"))
@@ -527,25 +535,40 @@ def selection_law(p_V, q_V, k, *, num_cuts: int = DEFAULT_NUM_CUTS, max_k: int |
   return plan.r_V, plan.accept
 
 
-def _select(key, drafts_K, valid_K, plan: OptimalPlan):
+def select(u_level, u_pick, drafts_K, valid_K, plan: OptimalPlan):
   """Index into drafts_K of the draft Z that the rule selects, in O(K + M).
 
-  The earliest group holding a draft starts at or before the first draft's slot and ends
-  at the first active breakpoint from there: its block end, or an earlier candidate whose
-  level is at least U.
+  Breakpoints of level >= 1 - u_level cut the slots into groups; Z is valid draft
+  floor(u_pick * count) (in index order) of the earliest group holding a valid draft. The
+  earliest group starts at or before the first draft's slot and ends at the first active
+  breakpoint from there: its block end, or an earlier candidate whose level is high
+  enough. Given the plan, the law of Z is `plan.r_V`.
+
+  Args:
+    u_level, u_pick: uniforms in [0, 1).
+    drafts_K, valid_K: the drafts and the mask of those to choose from (at least one).
+    plan: `optimal_plan(p, q, sum(valid_K))`.
+
+  Returns:
+    The int index into drafts_K of Z.
   """
   vocab = plan.slot_V.shape[0]
-  level_key, pick_key = jax.random.split(key)
   slot_K = jnp.where(valid_K, plan.slot_V[drafts_K], vocab)
   first = jnp.min(slot_K)
-  u_level = 1.0 - jax.random.uniform(level_key, dtype=plan.cut_level_M.dtype)
-  active_M = (plan.cut_M >= first) & (plan.cut_level_M >= u_level)
+  threshold = 1.0 - jnp.asarray(u_level, plan.cut_level_M.dtype)
+  active_M = (plan.cut_M >= first) & (plan.cut_level_M >= threshold)
   end = jnp.minimum(plan.block_end_V[first - 1], jnp.min(jnp.where(active_M, plan.cut_M, vocab)))
   in_group_K = valid_K & (slot_K <= end)
   count = jnp.sum(in_group_K)
-  pick = jnp.floor(jax.random.uniform(pick_key) * count).astype(jnp.int32)
+  pick = jnp.floor(u_pick * count).astype(jnp.int32)
   rank_K = jnp.cumsum(in_group_K) - 1
   return jnp.argmax(in_group_K & (rank_K == jnp.minimum(pick, count - 1)))
+
+
+def _select(key, drafts_K, valid_K, plan: OptimalPlan):
+  level_key, pick_key = jax.random.split(key)
+  u_level = jax.random.uniform(level_key, dtype=plan.cut_level_M.dtype)
+  return select(u_level, jax.random.uniform(pick_key), drafts_K, valid_K, plan)
 
 
 def _apply_plan(key, drafts_K, valid_K, q_V, plan: OptimalPlan):
@@ -559,7 +582,8 @@ def _apply_plan(key, drafts_K, valid_K, q_V, plan: OptimalPlan):
 
 
 @functools.partial(jax.jit, static_argnames="num_cuts")
-def _optimal(key, drafts_K, p_V, q_V, valid_K, *, num_cuts):
+def optimal_unchecked(key, drafts_K, p_V, q_V, valid_K, *, num_cuts: int = DEFAULT_NUM_CUTS):
+  """`optimal` without its input checks (valid_K required), for callers inside jit."""
   k = jnp.sum(valid_K).astype(jnp.int32)
   plan = _plan_single(p_V, q_V, k, num_cuts, drafts_K.shape[0])
   return _apply_plan(key, drafts_K, valid_K, q_V, plan)
@@ -589,4 +613,4 @@ def optimal(key, drafts_K, p_V, q_V, *, valid_K=None, num_cuts: int = DEFAULT_NU
   if valid_K is None:
     valid_K = jnp.ones(drafts_K.shape, bool)
   checks.shape("valid_K", valid_K, drafts_K.shape)
-  return _optimal(key, drafts_K, p_V, q_V, jnp.asarray(valid_K, bool), num_cuts=num_cuts)
+  return optimal_unchecked(key, drafts_K, p_V, q_V, jnp.asarray(valid_K, bool), num_cuts=num_cuts)

@@ -111,7 +111,7 @@ def _specinfer(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
 
 def _optimal(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
   del rho_mode, rho_value
-  token, accepted = optimal_lib._optimal(
+  token, accepted = optimal_lib.optimal_unchecked(
     key, drafts_K, p_V, q_V, valid_K, num_cuts=optimal_lib.DEFAULT_NUM_CUTS
   )
   return token, accepted, jnp.float32(0.0)

@@ -127,7 +127,7 @@ def test_selection_law(k):
   def sample(key):
     draft_key, level_key, pick_key = jax.random.split(key, 3)
     x_K = jax.vmap(sampling.categorical, (0, None))(jax.random.split(draft_key, k), p)
-    index = block.select(
+    index = optimal.select(
       jax.random.uniform(level_key), jax.random.uniform(pick_key), x_K, jnp.ones(k, bool), plan
     )
     return x_K[index]

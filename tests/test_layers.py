@@ -46,13 +46,6 @@ ORDER = (
 # reporting; the report reads the results store only (and the latency model).
 CORE = set(ORDER[: ORDER.index("engine") + 1])
 ONLY = {"report": {"results", "metrics"}, "results": set(), "metrics": set()}
-# The test oracle that the float32 work moves under tests/ (the lead drops this at merge).
-LEAVING = {"spectr_jax.optimal_reference"}
-# Known private imports, each to be removed by the named change.
-ALLOWED_PRIVATE = {
-  # The lead adds a public name for it in optimal.py (owned by the float32 work).
-  ("spectr_jax.verify", "spectr_jax.optimal", "_optimal"),
-}
 
 
 def _files():
@@ -121,13 +114,13 @@ def _edges():
 
 
 def test_every_library_module_has_a_layer():
-  units = {_unit(p) for p in (_REPO / _PACKAGE).rglob("*.py")} - {_PACKAGE} - LEAVING
+  units = {_unit(p) for p in (_REPO / _PACKAGE).rglob("*.py")} - {_PACKAGE}
   assert units == {f"{_PACKAGE}.{name}" for name in ORDER}
 
 
 @pytest.mark.parametrize("path,source,target", [e[:3] for e in _edges() if e[3] is None])
 def test_imports_follow_the_layers(path, source, target):
-  if not source.startswith(f"{_PACKAGE}.") or source in LEAVING:
+  if not source.startswith(f"{_PACKAGE}."):
     return  # Entry points and configs may import any library module.
   name, imported = source.split(".")[1], target.split(".")[1]
   assert ORDER.index(imported) < ORDER.index(name), f"{path}: {name} imports {imported} (upward)"
@@ -139,7 +132,7 @@ def test_imports_follow_the_layers(path, source, target):
 
 def test_no_cross_module_private_imports():
   found = {(source, target, private) for _, source, target, private in _edges() if private}
-  assert found <= ALLOWED_PRIVATE, sorted(found - ALLOWED_PRIVATE)
+  assert not found, sorted(found)
 
 
 def test_the_checker_sees_private_imports(tmp_path, monkeypatch):
