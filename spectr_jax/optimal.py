@@ -20,7 +20,7 @@ used, so the output law is q for ANY levels; only the acceptance depends on them
 
 Levels: the vertices of the lower convex hull of (Q_j, h_j) (the blocks) get level 1, and
 the `num_cuts` heaviest interior breakpoints (by p + q of the slot before them) get the
-removal times of a deletion-only kinetic hull (OPTIMAL.md); all others get level 0. With
+removal times of a deletion-only kinetic hull (docs/OPTIMAL_VERIFIER.md); all others get level 0. With
 num_cuts >= V the levels are those of the note and sum min(r, q) = alpha*. With the
 default 64, measured on LLM-like pairs (logit scale 3, V = 4096 to 256k, k <= 8), the
 acceptance stays within 1.1e-3 of alpha* (within 2e-5 for k <= 4), with 256 within 3e-6;
@@ -510,7 +510,7 @@ def optimal_plan(
     p_V, q_V: draft and target distributions (float32, or float64 with x64 enabled).
     k: number of drafts (int in [0, max_k], may be traced; 0 gives r = 0).
     num_cuts: how many interior breakpoints may get kinetic levels (static); V or more
-      gives the full construction of OPTIMAL.md.
+      gives the full construction of docs/OPTIMAL_VERIFIER.md.
     max_k: static upper bound on k (defaults to k itself when k is concrete).
 
   Returns:
