@@ -173,13 +173,8 @@ def block_verify(key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method: str = "gbv", ret
     1 <= num_tokens <= L + 1; the emitted tokens follow the target's sequence law.
   """
   checks.shape("drafts_KxL", drafts_KxL, (None, None))
-  num_drafts, draft_len = drafts_KxL.shape
-  check_method(method, num_drafts)
-  if draft_len < 1:
-    raise ValueError("block_verify needs a draft length L >= 1")
-  checks.shape("p_KxLxV", p_KxLxV, (num_drafts, draft_len, None))
-  checks.shape("q_KxL1xV", q_KxL1xV, (num_drafts, draft_len + 1, p_KxLxV.shape[-1]))
-  checks.distributions(p_KxLxV=p_KxLxV, q_KxL1xV=q_KxL1xV)
+  check_method(method, drafts_KxL.shape[0])
+  checks.block("block_verify", drafts_KxL, p_KxLxV, q_KxL1xV)
   tokens_L1, num_tokens, plan = _verify_jit(key, drafts_KxL, p_KxLxV, q_KxL1xV)
   if return_plan:
     return tokens_L1, num_tokens, plan

@@ -60,3 +60,19 @@ def shape(name: str, x, expected: tuple) -> None:
   ):
     want = "x".join("?" if e is None else str(e) for e in expected)
     raise ValueError(f"{name} has shape {got}, expected {want}")
+
+
+def block(what: str, drafts_KxL, p_KxLxV, q_KxL1xV) -> tuple[int, int]:
+  """Checks the inputs of a block verifier (index convention of `verify.verify_block`).
+
+  Returns:
+    (K, L).
+  """
+  shape("drafts_KxL", drafts_KxL, (None, None))
+  num_drafts, draft_len = np.shape(drafts_KxL)
+  if draft_len < 1:
+    raise ValueError(f"{what} needs a draft length L >= 1")
+  shape("p_KxLxV", p_KxLxV, (num_drafts, draft_len, None))
+  shape("q_KxL1xV", q_KxL1xV, (num_drafts, draft_len + 1, np.shape(p_KxLxV)[-1]))
+  distributions(p_KxLxV=p_KxLxV, q_KxL1xV=q_KxL1xV)
+  return num_drafts, draft_len

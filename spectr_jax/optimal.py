@@ -20,9 +20,9 @@ used, so the output law is q for ANY levels; only the acceptance depends on them
 
 Levels: the vertices of the lower convex hull of (Q_j, h_j) (the blocks) get level 1, and
 the `num_cuts` heaviest interior breakpoints (by p + q of the slot before them) get the
-removal times of a deletion-only kinetic hull (docs/OPTIMAL_VERIFIER.md); all others get level 0. With
-num_cuts >= V the levels are those of the note and sum min(r, q) = alpha*. With the
-default 64, measured on LLM-like pairs (logit scale 3, V = 4096 to 256k, k <= 8), the
+removal times of a deletion-only kinetic hull (docs/OPTIMAL_VERIFIER.md); all others get
+level 0. With num_cuts >= V the levels are those of the note and sum min(r, q) = alpha*.
+With the default 64, measured on LLM-like pairs (logit scale 3, V = 4096 to 256k, k <= 8), the
 acceptance stays within 1.1e-3 of alpha* (within 2e-5 for k <= 4), with 256 within 3e-6;
 on near-flat pairs (logit scale 1, V = 1000, k = 8) 64 cuts lose 1.4e-2 and 256 lose
 2.5e-3 (docs/OPTIMAL_VERIFIER.md). `OptimalPlan.shortfall` reports the gap.

@@ -327,13 +327,8 @@ def verify_block(
     (the rest are 0) and 1 <= num_tokens <= L + 1.
   """
   checks.shape("drafts_KxL", drafts_KxL, (None, None))
-  num_drafts, draft_len = drafts_KxL.shape
-  check_method(method, num_drafts)
-  if draft_len < 1:
-    raise ValueError("verify_block needs a draft length L >= 1")
-  checks.shape("p_KxLxV", p_KxLxV, (num_drafts, draft_len, None))
-  checks.shape("q_KxL1xV", q_KxL1xV, (num_drafts, draft_len + 1, p_KxLxV.shape[-1]))
-  checks.distributions(p_KxLxV=p_KxLxV, q_KxL1xV=q_KxL1xV)
+  check_method(method, drafts_KxL.shape[0])
+  checks.block("verify_block", drafts_KxL, p_KxLxV, q_KxL1xV)
   rho_mode, rho_value = acceptance.split_rho(rho)
   tokens_L1, num_tokens, stats = _verify_block(
     key,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from spectr_jax import acceptance, block, block_bound, optimal, sampling
-from tests import stats
+from tests import sequences, stats
 
 N = 100_000
 N_GBV = 30_000  # gbv runs optimal_plan per depth (sequential passes under vmap): fewer draws
@@ -140,34 +140,7 @@ def test_selection_law(k):
 
 
 def _sample_blocks(key, p_tab, q_tab, num_drafts, draft_len, verify_fn, n=N):
-  """Runs `verify_fn(key, drafts, p, q) -> (tokens_L1, num)` on n blocks.
-
-  Returns numpy (codes_N, num_tokens_N): the base-V code of the completed L + 1 tokens.
-  """
-  vocab = p_tab.shape[-1]
-  p_j, q_j = jnp.float32(p_tab), jnp.float32(q_tab)
-
-  def one(key):
-    draft_key, verify_key, extend_key = jax.random.split(key, 3)
-    codes_K = jnp.zeros((num_drafts,), jnp.int32)
-    drafts, ps, qs = [], [], []
-    for t in range(draft_len):
-      ps.append(p_j[t, codes_K])
-      qs.append(q_j[t, codes_K])
-      keys = jax.random.split(jax.random.fold_in(draft_key, t), num_drafts)
-      x_K = jax.vmap(sampling.categorical)(keys, ps[-1])
-      drafts.append(x_K)
-      codes_K = codes_K * vocab + x_K
-    qs.append(q_j[draft_len, codes_K])
-    tokens_L1, num = verify_fn(verify_key, jnp.stack(drafts, 1), jnp.stack(ps, 1), jnp.stack(qs, 1))
-    code = jnp.int32(0)
-    for t in range(draft_len + 1):
-      draw = sampling.categorical(jax.random.fold_in(extend_key, t), q_j[t, code])
-      code = code * vocab + jnp.where(t < num, tokens_L1[t], draw)
-    return code, num
-
-  codes, nums = jax.jit(jax.vmap(one))(jax.random.split(key, n))
-  return np.asarray(codes), np.asarray(nums)
+  return sequences.sample_blocks(key, p_tab, q_tab, num_drafts, draft_len, verify_fn, n)
 
 
 def _fresh(key, drafts, p, q):

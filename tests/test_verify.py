@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from spectr_jax import acceptance, sampling, verify
-from tests import reference, stats
+from tests import reference, sequences, stats
 
 N = 100_000
 
@@ -216,41 +216,14 @@ def _prefix_tables(seed, draft_len, conc=0.7):
 
 
 def _sample_blocks(key, p_tab, q_tab, num_drafts, draft_len, method, rho, n=N, bonus_shift=0):
-  """Runs verify_block on n blocks and completes each output with exact target draws.
+  """`sequences.sample_blocks` through `verify_block` with the given method and rho."""
 
-  Returns (codes_N, num_tokens_N): the base-V code of the completed L+1 tokens.
-  `bonus_shift = 1` builds the broken variant whose bonus comes from position L - 1.
-  """
-  p_j, q_j = _f32(p_tab), _f32(q_tab)
+  def verify_fn(key, drafts_KxL, p_KxLxV, q_KxL1xV):
+    return verify.verify_block(key, drafts_KxL, p_KxLxV, q_KxL1xV, method=method, rho=rho)
 
-  def one(key):
-    draft_key, verify_key, extend_key = jax.random.split(key, 3)
-    codes_K = jnp.zeros((num_drafts,), jnp.int32)
-    drafts, ps, qs = [], [], []
-    for t in range(draft_len):
-      ps.append(p_j[t, codes_K])
-      qs.append(q_j[t, codes_K])
-      keys = jax.random.split(jax.random.fold_in(draft_key, t), num_drafts)
-      x_K = jax.vmap(sampling.categorical)(keys, ps[-1])
-      drafts.append(x_K)
-      codes_K = codes_K * V_SEQ + x_K
-    qs.append(q_j[draft_len - bonus_shift, codes_K if not bonus_shift else codes_K // V_SEQ])
-    tokens_L1, num = verify.verify_block(
-      verify_key,
-      jnp.stack(drafts, 1),
-      jnp.stack(ps, 1),
-      jnp.stack(qs, 1),
-      method=method,
-      rho=rho,
-    )
-    code = jnp.int32(0)
-    for t in range(draft_len + 1):
-      draw = sampling.categorical(jax.random.fold_in(extend_key, t), q_j[t, code])
-      code = code * V_SEQ + jnp.where(t < num, tokens_L1[t], draw)
-    return code, num
-
-  codes, nums = jax.jit(jax.vmap(one))(jax.random.split(key, n))
-  return np.asarray(codes), np.asarray(nums)
+  return sequences.sample_blocks(
+    key, p_tab, q_tab, num_drafts, draft_len, verify_fn, n, bonus_shift=bonus_shift
+  )
 
 
 def _sequence_law(q_tab, draft_len):
