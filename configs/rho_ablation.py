@@ -23,7 +23,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sweep.rhos = ("star", "k", 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0)  # Strategies (rho <= K).
   c.sweep.num_drafts = (2, 4, 8)  # K of the decoding sweep.
   c.sweep.draft_lens = (4,)  # L of the decoding sweep.
-  c.sweep.methods = lm1b_spectr.METHODS  # K-SEQ and every reference method.
+  c.sweep.methods = tuple(  # K-SEQ and the token-level reference methods.
+    m for m in lm1b_spectr.METHODS if m not in ("block", "gbv")
+  )
   c.analysis = ml_collections.ConfigDict()
   c.analysis.num_drafts = (2, 4, 8)  # K of the per-position analysis.
   c.analysis.num_prompts = 256  # First prompts of the sweep's first seed that are sampled.
