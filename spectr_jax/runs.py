@@ -20,7 +20,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from spectr_jax.config import TrainConfig
+from spectr_jax.config import TrainConfig, saved_train_config
 from spectr_jax.data import Dataset, Tokenizer, load_dataset
 from spectr_jax.models import ModelBundle, init_params
 
@@ -79,10 +79,10 @@ def _comparable(config: TrainConfig) -> dict[str, Any]:
 
 def load_config(workdir: str | pathlib.Path) -> TrainConfig:
   """Returns the `TrainConfig` saved in `workdir`; raises `CheckpointError` if absent."""
-  path = workdir_path(workdir) / "config.json"
-  if not path.is_file():
-    raise CheckpointError(f"no training run in {path.parent}: {path.name} is missing")
-  return TrainConfig.from_dict(json.loads(path.read_text()))
+  config = saved_train_config(workdir)
+  if config is None:
+    raise CheckpointError(f"no training run in {workdir_path(workdir)}: config.json is missing")
+  return config
 
 
 def check_config(config: TrainConfig, workdir: str | pathlib.Path) -> None:

@@ -72,6 +72,56 @@ def test_config_errors(tmp_path):
     sweep_config(tmp_path, rhos=(0.5,))
 
 
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (dict(temperature=-1.0), "temperature must be finite and >= 0, got -1.0"),
+    (dict(temperature=float("inf")), "temperature must be finite"),
+    (dict(top_k=-1), "top_k must be an integer >= 0, got -1"),
+    (dict(top_k=10**6), r"decoding.top_k = 1000000 exceeds the vocabulary"),
+    (dict(top_p=1.5), r"top_p must lie in \(0, 1\], got 1.5"),
+    (dict(top_p=0.0), r"top_p must lie in \(0, 1\]"),
+    (dict(max_new_tokens=10**4), "exceeds the pair's max_len"),
+    (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
+    (dict(prompt_len=2.5), "prompt_len must be an integer"),
+    (dict(draft_lens=[0]), r"draft_lens must be an integer >= 1, got 0"),
+    (dict(num_drafts=[2.5]), "num_drafts must be an integer"),
+    (dict(seeds=[0.5]), r"seeds must be an integer >= 0, got 0.5"),
+  ],
+)
+def test_whole_grid_is_checked_when_the_config_is_built(change, message):
+  # Issue 13: these failed only at the first cell, after the pair was loaded (or trained).
+  values = lm1b_spectr.get_config("test").to_dict()
+  for name, value in change.items():
+    target = values if name in ("draft_lens", "num_drafts", "seeds") else values["decoding"]
+    target[name] = value
+  with pytest.raises(ValueError, match=message):
+    SweepConfig.from_dict(values)
+
+
+def test_grid_is_checked_against_the_pair_folders(tmp_path, monkeypatch):
+  # A "trained" pair's max_len is read from its run folder's config.json, before loading.
+  monkeypatch.setenv("SPECTR_WORKDIR", str(tmp_path))
+  values = lm1b_spectr.get_config("test").to_dict()
+  values["pair"].update(kind="trained", draft=None, target=None)
+  SweepConfig.from_dict(values)  # no folders yet: nothing to check against
+  saved = lm1b_spectr.get_config("test").pair.target.to_dict()
+  saved["model_overrides"] = dict(saved["model_overrides"], max_len=12)
+  (tmp_path / values["pair"]["target_workdir"]).mkdir()
+  (tmp_path / values["pair"]["target_workdir"] / "config.json").write_text(json.dumps(saved))
+  with pytest.raises(ValueError, match="exceeds the pair's max_len 12"):
+    SweepConfig.from_dict(values)
+
+
+def test_typo_in_a_pair_folder_is_an_error_not_a_training_run(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECTR_WORKDIR", str(tmp_path))
+  monkeypatch.setattr(pairs.train, "train", lambda *a, **k: pytest.fail("trained a model"))
+  pair = dataclasses.replace(sweep_config(tmp_path).pair, draft_workdir="draft-tset")
+  with pytest.raises(pairs.MissingPairError, match="draft-tset"):
+    pairs.load_pair(pair)
+  assert not (tmp_path / "draft-tset").exists()
+
+
 def test_missing_pair_is_an_error_naming_folders_and_command(tmp_path, monkeypatch):
   monkeypatch.setenv("SPECTR_WORKDIR", str(tmp_path))
   pair = sweep_config(tmp_path).pair
