@@ -213,14 +213,32 @@ def test_pair_fingerprint_tracks_parameters_and_text(pair):
   assert pair.cost_ratio == pair.description["draft_params"] / pair.description["target_params"]
 
 
-def test_load_results_cuts_a_partial_last_line(tmp_path):
-  path = tmp_path / results.RESULTS_FILE
-  lines = [json.dumps({"key": k, "x": i}) + "\n" for i, k in enumerate("aab")]
+@pytest.mark.parametrize("name", [results.RESULTS_FILE, results.PROVENANCE_FILE])
+def test_partial_last_line_is_skipped_by_readers_and_cut_by_the_writer(tmp_path, name):
+  path = tmp_path / name
+  lines = [
+    json.dumps({"key": k, "x": i, "pair": {"fingerprint": k}}) + "\n" for i, k in enumerate("aab")
+  ]
   path.write_text("".join(lines) + '{"key": "c", "x"')
+  assert [r["key"] for r in results.read_jsonl(path)] == ["a", "a", "b"]
+  assert results.latest_pair_fingerprint(tmp_path) == ("b" if "prov" in name else None)
   records = results.load_results(tmp_path)
-  assert sorted(records) == ["a", "b"] and records["a"]["x"] == 0  # the first record of a key
-  assert path.read_text() == "".join(lines)
+  if name == results.RESULTS_FILE:
+    assert sorted(records) == ["a", "b"] and records["a"]["x"] == 0  # the first record of a key
+  assert path.read_text().endswith('"x"')  # a reader repairs nothing (it may not hold the lock)
+  results.append_record(path, {"key": "d", "pair": {"fingerprint": "d"}})  # the writer cuts it
+  assert (
+    path.read_text()
+    == "".join(lines) + json.dumps({"key": "d", "pair": {"fingerprint": "d"}}) + "\n"
+  )
   assert results.load_results(tmp_path / "missing") == {}
+
+
+def test_damaged_middle_line_is_an_error_naming_file_and_line(tmp_path):
+  path = tmp_path / results.RESULTS_FILE
+  path.write_text('{"key": "a"}\n{"key": \n{"key": "b"}\n')
+  with pytest.raises(results.DamagedFileError, match=rf"{path}, line 2: damaged record"):
+    results.load_results(tmp_path)
 
 
 def test_run_cell_does_not_depend_on_batching(pair):
