@@ -173,13 +173,11 @@ def _start_state(
   abstract = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), abstract
   )
-  start = manager.latest_step()
-  if start is None:
+  restored = runs.restore_latest(manager, abstract.params, abstract.opt_state)
+  if restored is None:
     state = jax.jit(lambda: _init_state(config, optimizer), out_shardings=replicated)()
     return state, 0, 0.0
-  params, opt_state, meta = runs.restore_checkpoint(
-    manager, start, abstract.params, abstract.opt_state
-  )
+  start, params, opt_state, meta = restored
   step = jax.device_put(jnp.asarray(start, jnp.int32), replicated)
   return TrainState(step=step, params=params, opt_state=opt_state), start, meta["wall_time_s"]
 
@@ -296,6 +294,9 @@ def train_or_load(
   Returns:
     The trained model.
   """
-  if runs.is_finished(config, workdir):
-    return runs.load_bundle(workdir)
+  try:
+    if runs.is_finished(config, workdir):
+      return runs.load_bundle(workdir)
+  except runs.DamagedCheckpointError as error:
+    logging.warning("%s; training again from the newest complete checkpoint", error)
   return train(config, workdir, wait=wait)
