@@ -304,6 +304,8 @@ def _run_rho_ablation(config, pair, provenance_config):
     logging.info("rho ablation: loading %s", path)
     return records, json.loads(path.read_text())
   analysis = {"key": key, **rho_ablation(pair, config.sweep, config.analysis)}
-  if jax.process_index() == 0:
-    path.write_text(json.dumps(analysis, indent=1))
+  if jax.process_index() == 0:  # written whole or not at all (a rename is atomic)
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(analysis, indent=1))
+    partial.replace(path)
   return records, analysis

@@ -323,6 +323,11 @@ class AnalysisConfig:
   num_tokens: int
   batch_size: int
 
+  def __post_init__(self):
+    _integers("analysis.num_drafts", self.num_drafts, 1)
+    for name in ("num_prompts", "num_tokens", "batch_size"):
+      _integers(f"analysis.{name}", [getattr(self, name)], 1)
+
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "AnalysisConfig":
     """Builds the config from a mapping (a `ConfigDict.to_dict()`)."""

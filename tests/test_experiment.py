@@ -70,6 +70,10 @@ def test_config_errors(tmp_path):
     sweep_config(tmp_path, methods=("autoregressive", "beam"))
   with pytest.raises(ValueError, match="rho must be"):
     sweep_config(tmp_path, rhos=(0.5,))
+  ablation = rho_ablation.get_config("test").to_dict()
+  ablation["analysis"]["num_drafts"] = (0,)
+  with pytest.raises(ValueError, match="analysis.num_drafts must be an integer >= 1, got 0"):
+    RhoAblationConfig.from_dict(ablation)
 
 
 @pytest.mark.parametrize(
