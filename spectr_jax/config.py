@@ -62,7 +62,7 @@ class TrainConfig:
     eval_every: steps between held-out evaluations (and at the end).
     eval_rows: held-out rows of `seq_len + 1` tokens per evaluation (0 = all).
     checkpoint_every: steps between checkpoints (and at the end).
-    keep_checkpoints: how many recent checkpoints to keep.
+    keep_checkpoints: how many recent checkpoints to keep (at least 2, see docs/RELIABILITY.md).
     log_every: steps between progress lines.
     num_devices: data-parallel devices (0 = all local devices); the batch is split.
   """
