@@ -14,6 +14,7 @@ from spectr_jax import analysis, runs, sharding
 from spectr_jax.config import RhoAblationConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Rho ablation config file.")
+_WAIT = flags.DEFINE_bool("wait", False, "Wait for another run holding the output folder.")
 
 
 def main(argv: list[str]) -> None:
@@ -22,7 +23,9 @@ def main(argv: list[str]) -> None:
   sharding.maybe_initialize_distributed()
   runs.quiet_orbax_logging()
   config = _CONFIG.value.to_dict()
-  analysis.run_rho_ablation(RhoAblationConfig.from_dict(config), provenance_config=config)
+  analysis.run_rho_ablation(
+    RhoAblationConfig.from_dict(config), provenance_config=config, wait=_WAIT.value
+  )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from spectr_jax import config as config_lib
 from spectr_jax import experiment, runs, sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.")
+_WAIT = flags.DEFINE_bool("wait", False, "Wait for another run holding the output folder.")
 
 
 def main(argv: list[str]) -> None:
@@ -22,7 +23,9 @@ def main(argv: list[str]) -> None:
   sharding.maybe_initialize_distributed()
   runs.quiet_orbax_logging()
   config = _CONFIG.value.to_dict()
-  experiment.run_sweep(config_lib.SweepConfig.from_dict(config), provenance_config=config)
+  experiment.run_sweep(
+    config_lib.SweepConfig.from_dict(config), provenance_config=config, wait=_WAIT.value
+  )
 
 
 if __name__ == "__main__":

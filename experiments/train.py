@@ -16,6 +16,7 @@ from spectr_jax.data import default_workdir
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
 _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (checkpoints, config, tokenizer).")
+_WAIT = flags.DEFINE_bool("wait", False, "Wait for another run holding the output folder.")
 
 
 def main(argv: list[str]) -> None:
@@ -24,7 +25,7 @@ def main(argv: list[str]) -> None:
   stem = pathlib.Path(flags.FLAGS["config"].config_filename.split(":")[0]).stem
   workdir = _WORKDIR.value or default_workdir() / stem
   runs.quiet_orbax_logging()
-  train.train_or_load(TrainConfig.from_dict(_CONFIG.value.to_dict()), workdir)
+  train.train_or_load(TrainConfig.from_dict(_CONFIG.value.to_dict()), workdir, wait=_WAIT.value)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from spectr_jax import acceptance, engine, experiment, pairs, results, sampling
+from spectr_jax import acceptance, engine, experiment, locks, pairs, results, sampling
 from spectr_jax.config import (
   AnalysisConfig,
   DecodeSettings,
@@ -260,7 +260,10 @@ def rho_ablation(pair: pairs.Pair, sweep: SweepConfig, config: AnalysisConfig) -
 
 
 def run_rho_ablation(
-  config: RhoAblationConfig, pair: pairs.Pair | None = None, provenance_config: Any = None
+  config: RhoAblationConfig,
+  pair: pairs.Pair | None = None,
+  provenance_config: Any = None,
+  wait: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
   """Runs the block-level sweep (resumable) and the per-position analysis (cached).
 
@@ -271,10 +274,18 @@ def run_rho_ablation(
     config: the ablation.
     pair: the models (default: `pairs.load_pair(config.sweep.pair)`).
     provenance_config: what to record as the run's config (default: `config`).
+    wait: wait for another run holding the results folder instead of raising (the
+      folder is locked for the whole ablation, see `experiment.run_sweep`).
 
   Returns:
     The sweep's records and the analysis (see `rho_ablation`, plus its key).
   """
+  folder = config.sweep.results_path
+  with locks.exclusive(folder, "rho ablation", wait, holder=jax.process_index() == 0):
+    return _run_rho_ablation(config, pair, provenance_config)
+
+
+def _run_rho_ablation(config, pair, provenance_config):
   if provenance_config is None:
     provenance_config = dataclasses.asdict(config)
   pair = pair or pairs.load_pair(config.sweep.pair)
@@ -293,6 +304,8 @@ def run_rho_ablation(
     logging.info("rho ablation: loading %s", path)
     return records, json.loads(path.read_text())
   analysis = {"key": key, **rho_ablation(pair, config.sweep, config.analysis)}
-  if jax.process_index() == 0:
-    path.write_text(json.dumps(analysis, indent=1))
+  if jax.process_index() == 0:  # written whole or not at all (a rename is atomic)
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(analysis, indent=1))
+    partial.replace(path)
   return records, analysis

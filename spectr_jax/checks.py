@@ -76,3 +76,32 @@ def block(what: str, drafts_KxL, p_KxLxV, q_KxL1xV) -> tuple[int, int]:
   shape("q_KxL1xV", q_KxL1xV, (num_drafts, draft_len + 1, np.shape(p_KxLxV)[-1]))
   distributions(p_KxLxV=p_KxLxV, q_KxL1xV=q_KxL1xV)
   return num_drafts, draft_len
+
+
+def integer(name: str, value, low: int, high: int | None = None) -> None:
+  """Checks that a concrete `value` is an integer (not a bool) in [low, high]."""
+  if not is_concrete(value):
+    return
+  ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+  if ok and low <= value and (high is None or value <= high):
+    return
+  span = f">= {low}" if high is None else f"in [{low}, {high}]"
+  raise ValueError(f"{name} must be an integer {span}, got {value!r}")
+
+
+def integer_dtype(name: str, x) -> None:
+  """Checks that the array `x` has an integer dtype (a float would be silently cast)."""
+  dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+  if not np.issubdtype(dtype, np.integer):
+    raise ValueError(f"{name} must hold integers, got dtype {dtype}")
+
+
+def token_ids(name: str, ids, vocab_size: int) -> None:
+  """Checks that `ids` has an integer dtype and (when concrete) entries in [0, vocab_size)."""
+  integer_dtype(name, ids)
+  if is_concrete(ids):
+    values = np.asarray(ids)
+    if values.size and (values.min() < 0 or values.max() >= vocab_size):
+      raise ValueError(
+        f"{name} must hold token ids in [0, {vocab_size}), got {values.min()}..{values.max()}"
+      )

@@ -17,6 +17,9 @@ reads a ConfigDict.
 """
 
 import dataclasses
+import json
+import math
+import numbers
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -59,7 +62,7 @@ class TrainConfig:
     eval_every: steps between held-out evaluations (and at the end).
     eval_rows: held-out rows of `seq_len + 1` tokens per evaluation (0 = all).
     checkpoint_every: steps between checkpoints (and at the end).
-    keep_checkpoints: how many recent checkpoints to keep.
+    keep_checkpoints: how many recent checkpoints to keep (at least 2, see docs/RELIABILITY.md).
     log_every: steps between progress lines.
     num_devices: data-parallel devices (0 = all local devices); the batch is split.
   """
@@ -101,6 +104,18 @@ class TrainConfig:
   def model_config(self) -> ModelConfig:
     """Returns the model's hyper-parameters."""
     return get_model_config(self.model, self.data.vocab_size, **self.model_overrides)
+
+
+def saved_train_config(workdir: str | pathlib.Path) -> TrainConfig | None:
+  """The `TrainConfig` in `workdir`/config.json (None when there is none)."""
+  path = pathlib.Path(workdir).expanduser().absolute() / "config.json"
+  return TrainConfig.from_dict(json.loads(path.read_text())) if path.is_file() else None
+
+
+def _integers(name: str, values: Sequence[Any], low: int) -> None:
+  for value in values:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+      raise ValueError(f"every value of {name} must be an integer >= {low}, got {value!r}")
 
 
 def resolve(path: str | pathlib.Path) -> pathlib.Path:
@@ -154,6 +169,16 @@ class PairConfig:
     """The draft's and the target's directories, resolved."""
     return resolve(self.draft_workdir), resolve(self.target_workdir)
 
+  def model_configs(self) -> list[ModelConfig]:
+    """The models' configs as far as known before loading: from the run folders'
+    config.json where they exist, else from the training configs (none for pretrained)."""
+    found = []
+    for workdir, train in zip(self.workdirs, (self.draft, self.target), strict=True):
+      train = saved_train_config(workdir) or train
+      if train is not None:
+        found.append(train.model_config())
+    return found
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
@@ -178,8 +203,14 @@ class DecodeSettings:
   stop_at_eos: bool = False
 
   def __post_init__(self):
-    if self.num_prompts < 1:
-      raise ValueError("num_prompts must be >= 1")
+    _integers("num_prompts", [self.num_prompts], 1)
+    _integers("prompt_len", [self.prompt_len], 1)
+    _integers("max_new_tokens", [self.max_new_tokens], 1)
+    _integers("top_k", [self.top_k], 0)
+    if not (isinstance(self.temperature, numbers.Real) and 0 <= self.temperature < math.inf):
+      raise ValueError(f"temperature must be finite and >= 0, got {self.temperature!r}")
+    if not (isinstance(self.top_p, numbers.Real) and 0 < self.top_p <= 1):
+      raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
     # Normalise the types, so equal settings hash (and key cells) equally.
     object.__setattr__(self, "temperature", float(self.temperature))
     object.__setattr__(self, "top_k", int(self.top_k))
@@ -241,8 +272,27 @@ class SweepConfig:
         check_rho(rho)
       except ValueError:
         raise ValueError(f"rho must be 'star', 'k' or a number >= 1, got {rho!r}") from None
-    if self.batch_size < 1:
-      raise ValueError("batch_size must be >= 1")
+    _integers("batch_size", [self.batch_size], 1)
+    _integers("num_drafts", self.num_drafts, 1)
+    _integers("draft_lens", self.draft_lens, 1)
+    _integers("seeds", self.seeds, 0)
+    self._check_models()
+
+  def _check_models(self) -> None:
+    """The grid against the pair's models (vocabulary, max_len), before any is loaded."""
+    settings = self.decoding
+    longest = max(self.draft_lens) if set(self.methods) - {"autoregressive"} else 0
+    needed = settings.prompt_len + 1 + settings.max_new_tokens + longest + 1
+    for model in self.pair.model_configs():
+      if settings.top_k > model.vocab_size:
+        raise ValueError(
+          f"decoding.top_k = {settings.top_k} exceeds the vocabulary ({model.vocab_size})"
+        )
+      if needed > model.max_len:
+        raise ValueError(
+          f"decoding.prompt_len + 1 + max_new_tokens + max(draft_lens) + 1 = {needed} "
+          f"exceeds the pair's max_len {model.max_len}"
+        )
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "SweepConfig":
@@ -272,6 +322,11 @@ class AnalysisConfig:
   num_prompts: int
   num_tokens: int
   batch_size: int
+
+  def __post_init__(self):
+    _integers("analysis.num_drafts", self.num_drafts, 1)
+    for name in ("num_prompts", "num_tokens", "batch_size"):
+      _integers(f"analysis.{name}", [getattr(self, name)], 1)
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "AnalysisConfig":

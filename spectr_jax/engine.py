@@ -75,10 +75,12 @@ def _compiled(spec: DecodeSpec, mesh: jax.sharding.Mesh | None):
   return jax.jit(fn)
 
 
-def _check_inputs(draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
-                  max_new_tokens, temperature, top_k, top_p):  # fmt: skip
+def _check_method(draft, target, method, num_drafts, draft_len, rho):
+  """The method, K, L, rho and the draft (see `generate`)."""
   if method not in METHODS:
     raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+  for name, value, low in (("num_drafts", num_drafts, 1), ("draft_len", draft_len, 0)):
+    checks.integer(name, value, low)
   if method != "autoregressive":
     if draft is None:
       raise ValueError(f"method {method!r} needs a draft model")
@@ -90,25 +92,50 @@ def _check_inputs(draft, target, prompts, prompt_lengths, method, num_drafts, dr
         f"draft and target vocabularies differ: {draft.config.vocab_size} vs "
         f"{target.config.vocab_size}"
       )
-  if num_drafts < 1:
-    raise ValueError(f"num_drafts must be >= 1, got {num_drafts}")
-  if max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-  checks.shape("prompts", prompts, (None, None))
-  checks.shape("prompt_lengths", prompt_lengths, (np.shape(prompts)[0],))
-  if checks.is_concrete(prompt_lengths):
-    lengths = np.asarray(prompt_lengths)
-    if lengths.size and (lengths.min() < 1 or lengths.max() > np.shape(prompts)[1]):
-      raise ValueError(
-        f"prompt_lengths must lie in [1, {np.shape(prompts)[1]}], "
-        f"got {lengths.min()}..{lengths.max()}"
-      )
-  if checks.is_concrete(temperature) and not float(temperature) >= 0:
-    raise ValueError(f"temperature must be >= 0, got {temperature}")
-  if top_k is not None and not 1 <= top_k:
-    raise ValueError(f"top_k must be >= 1, got {top_k}")
+  fixed = method == "kseq" and not isinstance(rho, str) and checks.is_concrete(rho)
+  if fixed and np.ndim(rho) == 0 and np.isfinite(rho):
+    if float(rho) > num_drafts:
+      raise ValueError(f"rho must be 'star', 'k' or a number in [1, K = {num_drafts}], got {rho}")
+
+
+def _check_sampling(vocab_size, max_new_tokens, temperature, top_k, top_p, eos_id):
+  """max_new_tokens, temperature, top_k, top_p and eos_id (see `generate`)."""
+  checks.integer("max_new_tokens", max_new_tokens, 1)
+  if checks.is_concrete(temperature) and not 0 <= float(temperature) < float("inf"):
+    raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+  if top_k is not None:
+    checks.integer("top_k", top_k, 1, vocab_size)
   if top_p is not None and checks.is_concrete(top_p) and not 0 < float(top_p) <= 1:
     raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+  if eos_id is not None:
+    checks.integer("eos_id", eos_id, 0, vocab_size - 1)
+
+
+def _check_prompts(vocab_size, prompts, prompt_lengths, prompt_ids):
+  """Shapes, dtypes and values of prompts, prompt_lengths and prompt_ids."""
+  checks.shape("prompts", prompts, (None, None))
+  b, width = np.shape(prompts)
+  if b == 0 or width == 0:
+    raise ValueError(f"prompts must hold at least one row and one token, got shape {(b, width)}")
+  checks.token_ids("prompts", prompts, vocab_size)
+  checks.shape("prompt_lengths", prompt_lengths, (b,))
+  if checks.is_concrete(prompt_lengths):
+    lengths = np.asarray(prompt_lengths)
+    if lengths.min() < 1 or lengths.max() > width:
+      raise ValueError(
+        f"prompt_lengths must lie in [1, {width}], got {lengths.min()}..{lengths.max()}"
+      )
+  if prompt_ids is not None:
+    checks.shape("prompt_ids", prompt_ids, (b,))
+    checks.integer_dtype("prompt_ids", prompt_ids)
+
+
+def _check_inputs(draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
+                  max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids):  # fmt: skip
+  vocab_size = target.config.vocab_size
+  _check_method(draft, target, method, num_drafts, draft_len, rho)
+  _check_sampling(vocab_size, max_new_tokens, temperature, top_k, top_p, eos_id)
+  _check_prompts(vocab_size, prompts, prompt_lengths, prompt_ids)
   needed = np.shape(prompts)[1] + max_new_tokens + draft_len + 1
   for name, bundle in (("target", target), ("draft", draft)):
     if bundle is not None and needed > bundle.config.max_len:
@@ -169,7 +196,7 @@ def generate(
   if method == "autoregressive":
     num_drafts, draft_len = 1, 0
   _check_inputs(draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
-                max_new_tokens, temperature, top_k, top_p)  # fmt: skip
+                max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids)  # fmt: skip
   rho_mode, rho_value = acceptance.split_rho(rho)
   spec = DecodeSpec(
     method=method,

@@ -29,7 +29,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from spectr_jax import engine, pairs, results, runs, sharding
+from spectr_jax import engine, locks, pairs, results, runs, sharding
 from spectr_jax.config import DecodeSettings, SweepConfig, check_rho, resolve, rhos_for
 from spectr_jax.data import make_prompts
 
@@ -220,30 +220,39 @@ class _Progress:
 
 
 def run_sweep(
-  config: SweepConfig, pair: pairs.Pair | None = None, provenance_config: Any = None
+  config: SweepConfig,
+  pair: pairs.Pair | None = None,
+  provenance_config: Any = None,
+  wait: bool = False,
 ) -> list[dict[str, Any]]:
   """Runs the cells of `config` that results.jsonl does not hold yet.
 
   Only process 0 writes files; every process decodes (its devices hold part of each
-  batch when `config.shard`).
+  batch when `config.shard`). The run holds the results folder's lock
+  (`locks.exclusive`, from process 0) from before the pair is loaded: a second sweep on
+  it is a `locks.FolderLockedError` naming the holder, or waits for it with `wait`.
 
   Args:
     config: the sweep.
     pair: the models (default: `pairs.load_pair(config.pair)`).
     provenance_config: what to record as the run's config (default: `config`).
+    wait: wait for another run holding the results folder instead of raising.
 
   Returns:
     The records of the sweep's cells in `expand` order (on processes other than 0, only
     those run here).
   """
+  writer = jax.process_index() == 0
+  with locks.exclusive(config.results_path, "sweep", wait, holder=writer):
+    return _run_sweep(config, pair, provenance_config, writer)
+
+
+def _run_sweep(config, pair, provenance_config, writer):
   if config.compilation_cache:
     sharding.enable_compilation_cache(resolve(config.compilation_cache))
   pair = pair or pairs.load_pair(config.pair)
   cells = expand(config, pair.fingerprint)
   results_dir = config.results_path
-  writer = jax.process_index() == 0
-  if writer:
-    results_dir.mkdir(parents=True, exist_ok=True)
   done = results.load_results(results_dir)
   finished = np.array([cell.key in done for cell in cells])
   if jax.process_count() > 1:

@@ -20,7 +20,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from spectr_jax.config import TrainConfig
+from spectr_jax.config import TrainConfig, saved_train_config
 from spectr_jax.data import Dataset, Tokenizer, load_dataset
 from spectr_jax.models import ModelBundle, init_params
 
@@ -41,6 +41,10 @@ class CheckpointError(ValueError):
   """A missing checkpoint, or one written by a different configuration."""
 
 
+class DamagedCheckpointError(CheckpointError):
+  """A checkpoint whose files cannot be restored (truncated data, missing metadata)."""
+
+
 def workdir_path(workdir: str | pathlib.Path) -> pathlib.Path:
   """The absolute path of a work directory (`~` expanded)."""
   return pathlib.Path(workdir).expanduser().absolute()
@@ -57,7 +61,8 @@ def checkpoint_manager(
       manager create the directory); None to read only.
   """
   options = ocp.CheckpointManagerOptions(
-    max_to_keep=config.keep_checkpoints if config else None,
+    # At least two, so a damaged newest checkpoint leaves one to fall back to.
+    max_to_keep=max(config.keep_checkpoints, 2) if config else None,
     enable_async_checkpointing=False,
     create=config is not None,
   )
@@ -79,10 +84,10 @@ def _comparable(config: TrainConfig) -> dict[str, Any]:
 
 def load_config(workdir: str | pathlib.Path) -> TrainConfig:
   """Returns the `TrainConfig` saved in `workdir`; raises `CheckpointError` if absent."""
-  path = workdir_path(workdir) / "config.json"
-  if not path.is_file():
-    raise CheckpointError(f"no training run in {path.parent}: {path.name} is missing")
-  return TrainConfig.from_dict(json.loads(path.read_text()))
+  config = saved_train_config(workdir)
+  if config is None:
+    raise CheckpointError(f"no training run in {workdir_path(workdir)}: config.json is missing")
+  return config
 
 
 def check_config(config: TrainConfig, workdir: str | pathlib.Path) -> None:
@@ -150,9 +155,8 @@ def load_bundle(workdir: str | pathlib.Path, step: int | None = None) -> ModelBu
     )
   model_config = config.model_config()
   abstract = jax.eval_shape(functools.partial(init_params, model_config), jax.random.key(0))
-  restored = manager.restore(
-    want, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract))
-  )
+  args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract))
+  restored = _restore(manager, want, args)
   return ModelBundle(config=model_config, params=restored["params"])
 
 
@@ -171,19 +175,61 @@ def save_checkpoint(
   )
 
 
-def restore_checkpoint(
-  manager: ocp.CheckpointManager, step: int, abstract_params: Any, abstract_opt_state: Any
-) -> tuple[Any, Any, dict[str, Any]]:
-  """Restores checkpoint `step` onto the given abstract trees: (params, opt_state, meta)."""
-  restored = manager.restore(
-    step,
-    args=ocp.args.Composite(
-      params=ocp.args.StandardRestore(abstract_params),
-      opt_state=ocp.args.StandardRestore(abstract_opt_state),
-      meta=ocp.args.JsonRestore(),
-    ),
+def _restore(manager: ocp.CheckpointManager, step: int, args: ocp.args.Composite) -> Any:
+  """`manager.restore`, with any failure to read the files a `DamagedCheckpointError`."""
+  try:
+    return manager.restore(step, args=args)
+  except Exception as error:  # orbax and TensorStore raise many types for damaged files
+    raise DamagedCheckpointError(
+      f"checkpoint step {step} in {manager.directory} is damaged "
+      f"({type(error).__name__}: {str(error)[:300]}); rerun the training command to redo it "
+      "from the newest complete checkpoint"
+    ) from error
+
+
+def restore_latest(
+  manager: ocp.CheckpointManager, abstract_params: Any, abstract_opt_state: Any
+) -> tuple[int, Any, Any, dict[str, Any]] | None:
+  """Restores the newest complete checkpoint: (step, params, opt_state, meta).
+
+  A damaged checkpoint is skipped with a warning naming it, and the previous step is
+  tried; once a complete one is found, the damaged newer ones are moved aside (to
+  `<workdir>/damaged-<step>-<time>`, by process 0) so that training can save those steps again.
+  Only the run's writer (the holder of the workdir's lock) calls this.
+
+  Returns:
+    None when there is no checkpoint.
+
+  Raises:
+    DamagedCheckpointError: there are checkpoints but none is complete.
+  """
+  args = ocp.args.Composite(
+    params=ocp.args.StandardRestore(abstract_params),
+    opt_state=ocp.args.StandardRestore(abstract_opt_state),
+    meta=ocp.args.JsonRestore(),
   )
-  return restored["params"], restored["opt_state"], restored["meta"]
+  steps = sorted(manager.all_steps(), reverse=True)
+  directory = pathlib.Path(manager.directory)
+  for number, step in enumerate(steps):
+    try:
+      restored = _restore(manager, step, args)
+    except DamagedCheckpointError as error:
+      logging.warning("%s; trying the previous step", error)
+      continue
+    if number and jax.process_index() == 0:
+      for damaged in steps[:number]:
+        stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
+        aside = directory.parent / f"damaged-{damaged}-{stamp}"
+        logging.warning("moving damaged checkpoint %s to %s", directory / str(damaged), aside)
+        (directory / str(damaged)).rename(aside)
+    manager.reload()
+    return step, restored["params"], restored["opt_state"], restored["meta"]
+  if steps:
+    raise DamagedCheckpointError(
+      f"no complete checkpoint in {directory}: steps {steps} are all damaged (see the "
+      "warnings); move them aside to train from the start"
+    )
+  return None
 
 
 def checkpoint_meta(workdir: str | pathlib.Path, step: int | None = None) -> dict[str, Any]:
@@ -202,10 +248,8 @@ def checkpoint_meta(workdir: str | pathlib.Path, step: int | None = None) -> dic
   step = latest_step(path) if step is None else step
   if step is None:
     raise CheckpointError(f"no checkpoint in {path}/checkpoints")
-  restored = checkpoint_manager(path).restore(
-    step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
-  )
-  return dict(restored["meta"])
+  args = ocp.args.Composite(meta=ocp.args.JsonRestore())
+  return dict(_restore(checkpoint_manager(path), step, args)["meta"])
 
 
 def dataset_for(workdir: str | pathlib.Path) -> Dataset:

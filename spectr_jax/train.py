@@ -19,7 +19,7 @@ from absl import logging
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from spectr_jax import runs
+from spectr_jax import locks, runs
 from spectr_jax.config import TrainConfig
 from spectr_jax.data import BOS_ID, PAD_ID, Dataset, TrainBatches, heldout_rows, load_dataset
 from spectr_jax.models import ModelBundle, Transformer, count_params, init_params
@@ -173,13 +173,11 @@ def _start_state(
   abstract = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), abstract
   )
-  start = manager.latest_step()
-  if start is None:
+  restored = runs.restore_latest(manager, abstract.params, abstract.opt_state)
+  if restored is None:
     state = jax.jit(lambda: _init_state(config, optimizer), out_shardings=replicated)()
     return state, 0, 0.0
-  params, opt_state, meta = runs.restore_checkpoint(
-    manager, start, abstract.params, abstract.opt_state
-  )
+  start, params, opt_state, meta = restored
   step = jax.device_put(jnp.asarray(start, jnp.int32), replicated)
   return TrainState(step=step, params=params, opt_state=opt_state), start, meta["wall_time_s"]
 
@@ -197,19 +195,31 @@ def _load_data(config: TrainConfig, path: pathlib.Path) -> Dataset:
 
 
 def train(
-  config: TrainConfig, workdir: str | pathlib.Path, stop_at_step: int | None = None
+  config: TrainConfig,
+  workdir: str | pathlib.Path,
+  stop_at_step: int | None = None,
+  wait: bool = False,
 ) -> ModelBundle:
   """Trains (or resumes) a run up to `config.num_steps` and checkpoints it in `workdir`.
+
+  The run holds `workdir`'s lock (`locks.exclusive`, from process 0): a second run on it
+  is a `locks.FolderLockedError` naming the holder, or waits for it with `wait`.
 
   Args:
     config: the run's configuration.
     workdir: the run's directory; a run of a different config there is an error.
     stop_at_step: stop (with a checkpoint) after this many steps, e.g. to test resuming.
+    wait: wait for another run holding `workdir` instead of raising.
 
   Returns:
     The model and its parameters at the last step run.
   """
   path = runs.workdir_path(workdir)
+  with locks.exclusive(path, "training run", wait, holder=jax.process_index() == 0):
+    return _train(config, path, stop_at_step)
+
+
+def _train(config: TrainConfig, path: pathlib.Path, stop_at_step: int | None) -> ModelBundle:
   dataset = _load_data(config, path)
   model_config = config.model_config()
   mesh = _mesh(config)
@@ -271,16 +281,22 @@ def train(
   return ModelBundle(config=model_config, params=state.params)
 
 
-def train_or_load(config: TrainConfig, workdir: str | pathlib.Path) -> ModelBundle:
+def train_or_load(
+  config: TrainConfig, workdir: str | pathlib.Path, wait: bool = False
+) -> ModelBundle:
   """Loads the final checkpoint of `config` from `workdir`, training only when it is missing.
 
   Args:
     config: the run's configuration; a run of a different config in `workdir` is an error.
-    workdir: the run's directory.
+    workdir: the run's directory (locked while training, see `train`).
+    wait: wait for another run holding `workdir` instead of raising.
 
   Returns:
     The trained model.
   """
-  if runs.is_finished(config, workdir):
-    return runs.load_bundle(workdir)
-  return train(config, workdir)
+  try:
+    if runs.is_finished(config, workdir):
+      return runs.load_bundle(workdir)
+  except runs.DamagedCheckpointError as error:
+    logging.warning("%s; training again from the newest complete checkpoint", error)
+  return train(config, workdir, wait=wait)

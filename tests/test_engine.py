@@ -272,6 +272,25 @@ def test_second_call_does_not_recompile(models):
     (dict(prompt_lengths=jnp.asarray([0])), "prompt_lengths must"),
     (dict(method="sd", num_drafts=2), "single draft"),
     (dict(vocab_mismatch=True), "vocabularies differ"),
+    # Issue 13: silent wrong tokens and cryptic errors before these checks.
+    (dict(prompts=jnp.asarray([[1.0, 2.0, 5.7]])), "prompts must hold integers"),
+    (dict(prompts=jnp.asarray([[1, -1, 3]])), r"prompts must hold token ids in \[0, "),
+    (dict(prompts=jnp.asarray([[1, V, 3]])), r"prompts must hold token ids in \[0, "),
+    (dict(eos_id=V), "eos_id must be an integer in"),
+    (dict(eos_id=-1), "eos_id must be an integer in"),
+    (dict(top_k=V + 1), "top_k must be an integer in"),
+    (dict(temperature=float("inf")), "temperature must be finite"),
+    (dict(temperature=float("nan")), "temperature must be finite"),
+    (dict(rho=3.0), r"rho must be .* in \[1, K = 2\]"),
+    (dict(num_drafts=2.5), "num_drafts must be an integer"),
+    (dict(draft_len=1.5), "draft_len must be an integer"),
+    (dict(max_new_tokens=2.0), "max_new_tokens must be an integer"),
+    (dict(prompt_ids=jnp.asarray([0, 1])), "prompt_ids has shape"),
+    (dict(prompt_ids=jnp.asarray([0.5])), "prompt_ids must hold integers"),
+    (
+      dict(prompts=jnp.zeros((0, 3), jnp.int32), prompt_lengths=jnp.zeros((0,), jnp.int32)),
+      "at least one row",
+    ),  # fmt: skip
   ],
 )
 def test_bad_input(models, change, message):

@@ -70,6 +70,60 @@ def test_config_errors(tmp_path):
     sweep_config(tmp_path, methods=("autoregressive", "beam"))
   with pytest.raises(ValueError, match="rho must be"):
     sweep_config(tmp_path, rhos=(0.5,))
+  ablation = rho_ablation.get_config("test").to_dict()
+  ablation["analysis"]["num_drafts"] = (0,)
+  with pytest.raises(ValueError, match="analysis.num_drafts must be an integer >= 1, got 0"):
+    RhoAblationConfig.from_dict(ablation)
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (dict(temperature=-1.0), "temperature must be finite and >= 0, got -1.0"),
+    (dict(temperature=float("inf")), "temperature must be finite"),
+    (dict(top_k=-1), "top_k must be an integer >= 0, got -1"),
+    (dict(top_k=10**6), r"decoding.top_k = 1000000 exceeds the vocabulary"),
+    (dict(top_p=1.5), r"top_p must lie in \(0, 1\], got 1.5"),
+    (dict(top_p=0.0), r"top_p must lie in \(0, 1\]"),
+    (dict(max_new_tokens=10**4), "exceeds the pair's max_len"),
+    (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
+    (dict(prompt_len=2.5), "prompt_len must be an integer"),
+    (dict(draft_lens=[0]), r"draft_lens must be an integer >= 1, got 0"),
+    (dict(num_drafts=[2.5]), "num_drafts must be an integer"),
+    (dict(seeds=[0.5]), r"seeds must be an integer >= 0, got 0.5"),
+  ],
+)
+def test_whole_grid_is_checked_when_the_config_is_built(change, message):
+  # Issue 13: these failed only at the first cell, after the pair was loaded (or trained).
+  values = lm1b_spectr.get_config("test").to_dict()
+  for name, value in change.items():
+    target = values if name in ("draft_lens", "num_drafts", "seeds") else values["decoding"]
+    target[name] = value
+  with pytest.raises(ValueError, match=message):
+    SweepConfig.from_dict(values)
+
+
+def test_grid_is_checked_against_the_pair_folders(tmp_path, monkeypatch):
+  # A "trained" pair's max_len is read from its run folder's config.json, before loading.
+  monkeypatch.setenv("SPECTR_WORKDIR", str(tmp_path))
+  values = lm1b_spectr.get_config("test").to_dict()
+  values["pair"].update(kind="trained", draft=None, target=None)
+  SweepConfig.from_dict(values)  # no folders yet: nothing to check against
+  saved = lm1b_spectr.get_config("test").pair.target.to_dict()
+  saved["model_overrides"] = dict(saved["model_overrides"], max_len=12)
+  (tmp_path / values["pair"]["target_workdir"]).mkdir()
+  (tmp_path / values["pair"]["target_workdir"] / "config.json").write_text(json.dumps(saved))
+  with pytest.raises(ValueError, match="exceeds the pair's max_len 12"):
+    SweepConfig.from_dict(values)
+
+
+def test_typo_in_a_pair_folder_is_an_error_not_a_training_run(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECTR_WORKDIR", str(tmp_path))
+  monkeypatch.setattr(pairs.train, "train", lambda *a, **k: pytest.fail("trained a model"))
+  pair = dataclasses.replace(sweep_config(tmp_path).pair, draft_workdir="draft-tset")
+  with pytest.raises(pairs.MissingPairError, match="draft-tset"):
+    pairs.load_pair(pair)
+  assert not (tmp_path / "draft-tset").exists()
 
 
 def test_missing_pair_is_an_error_naming_folders_and_command(tmp_path, monkeypatch):
@@ -163,14 +217,32 @@ def test_pair_fingerprint_tracks_parameters_and_text(pair):
   assert pair.cost_ratio == pair.description["draft_params"] / pair.description["target_params"]
 
 
-def test_load_results_cuts_a_partial_last_line(tmp_path):
-  path = tmp_path / results.RESULTS_FILE
-  lines = [json.dumps({"key": k, "x": i}) + "\n" for i, k in enumerate("aab")]
+@pytest.mark.parametrize("name", [results.RESULTS_FILE, results.PROVENANCE_FILE])
+def test_partial_last_line_is_skipped_by_readers_and_cut_by_the_writer(tmp_path, name):
+  path = tmp_path / name
+  lines = [
+    json.dumps({"key": k, "x": i, "pair": {"fingerprint": k}}) + "\n" for i, k in enumerate("aab")
+  ]
   path.write_text("".join(lines) + '{"key": "c", "x"')
+  assert [r["key"] for r in results.read_jsonl(path)] == ["a", "a", "b"]
+  assert results.latest_pair_fingerprint(tmp_path) == ("b" if "prov" in name else None)
   records = results.load_results(tmp_path)
-  assert sorted(records) == ["a", "b"] and records["a"]["x"] == 0  # the first record of a key
-  assert path.read_text() == "".join(lines)
+  if name == results.RESULTS_FILE:
+    assert sorted(records) == ["a", "b"] and records["a"]["x"] == 0  # the first record of a key
+  assert path.read_text().endswith('"x"')  # a reader repairs nothing (it may not hold the lock)
+  results.append_record(path, {"key": "d", "pair": {"fingerprint": "d"}})  # the writer cuts it
+  assert (
+    path.read_text()
+    == "".join(lines) + json.dumps({"key": "d", "pair": {"fingerprint": "d"}}) + "\n"
+  )
   assert results.load_results(tmp_path / "missing") == {}
+
+
+def test_damaged_middle_line_is_an_error_naming_file_and_line(tmp_path):
+  path = tmp_path / results.RESULTS_FILE
+  path.write_text('{"key": "a"}\n{"key": \n{"key": "b"}\n')
+  with pytest.raises(results.DamagedFileError, match=rf"{path}, line 2: damaged record"):
+    results.load_results(tmp_path)
 
 
 def test_run_cell_does_not_depend_on_batching(pair):

@@ -33,6 +33,7 @@ ORDER = (
   "rounds",
   "engine",
   "config",
+  "locks",
   "results",
   "runs",
   "train",

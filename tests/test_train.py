@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,6 +137,51 @@ def test_checkpoint_errors(target_run, tmp_path):
     runs.load_bundle(tmp_path)
   with pytest.raises(runs.CheckpointError, match="no checkpoint for step 13"):
     runs.load_bundle(workdir, step=13)
+
+
+def _damage(step_dir, how):
+  """Truncates the params data files of a checkpoint, or deletes its meta item."""
+  if how == "no_meta":
+    shutil.rmtree(step_dir / "meta")
+    return
+  for blob in step_dir.glob("params/**/d/*"):
+    blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("how", ["truncated", "no_meta"])
+def test_damaged_latest_checkpoint_falls_back_to_the_previous_step(
+  target_run, tmp_path, how, caplog
+):
+  config, workdir, reference = target_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  _damage(run / "checkpoints" / "20", how)
+  with pytest.raises(runs.DamagedCheckpointError, match=r"checkpoint step 20 in .* is damaged"):
+    runs.load_bundle(run) if how == "truncated" else runs.checkpoint_meta(run)
+  # Warns, resumes from step 10, redoes 20 (train_or_load: a final checkpoint that does not
+  # load is trained again; its params are intact without meta, so train resumes there).
+  resumed = (train.train_or_load if how == "truncated" else train.train)(config, run)
+  assert "checkpoint step 20" in caplog.text and "damaged" in caplog.text
+  assert [p.name.split("-")[:2] for p in run.glob("damaged-*")] == [["damaged", "20"]]
+  assert runs.latest_step(run) == 20
+  _assert_params_equal(resumed.params, reference.params)
+  _assert_params_equal(runs.load_bundle(run).params, reference.params)
+
+
+def test_no_complete_checkpoint_fails_clearly(target_run, tmp_path):
+  config, workdir, _ = target_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  for step in ("10", "20"):
+    _damage(run / "checkpoints" / step, "truncated")
+  with pytest.raises(runs.DamagedCheckpointError, match=r"no complete checkpoint .* \[20, 10\]"):
+    train.train(config, run)
+  assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["10", "20"]  # moved nothing
+
+
+def test_at_least_two_checkpoints_are_kept(cache_dir, tmp_path):
+  config = _test_config(target_config, cache_dir, keep_checkpoints=1)
+  assert runs.checkpoint_manager(tmp_path, config)._options.max_to_keep == 2
 
 
 def test_model_too_short_for_rows(cache_dir, tmp_path):

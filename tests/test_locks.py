@@ -1,0 +1,132 @@
+"""Exclusive folders: a second sweep, training run or rho ablation on a held folder stops
+at once naming the holder (or waits); two sweeps started together run each cell once."""
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from configs import rho_ablation as rho_ablation_config
+from configs import target as target_config
+from spectr_jax import analysis, experiment, locks, results, train
+from spectr_jax.config import RhoAblationConfig, TrainConfig
+from tests.test_experiment import sweep_config
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_HOLD = """
+import sys, time
+from spectr_jax import locks
+with locks.exclusive(sys.argv[1], "holder"):
+  print("held", flush=True)
+  time.sleep(120)
+"""
+
+
+@pytest.fixture
+def holder(tmp_path):
+  """Another process holding the lock of tmp_path / "results" (killed after the test)."""
+  folder = tmp_path / "results"
+  process = subprocess.Popen(
+    [sys.executable, "-c", _HOLD, str(folder), "--marker"],
+    cwd=_REPO,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  assert process.stdout.readline().strip() == "held"
+  yield folder, process.pid
+  process.kill()
+  process.wait()
+
+
+def _assert_names_holder(error, pid):
+  message = str(error.value)
+  assert f"PID {pid}" in message and platform.node() in message and "--marker" in message
+
+
+def test_sweep_on_a_held_folder_stops_at_once_naming_the_holder(holder, tmp_path):
+  folder, pid = holder
+  config = sweep_config(tmp_path)
+  with pytest.raises(locks.FolderLockedError) as error:
+    experiment.run_sweep(config, pair=None)  # before loading (no pair exists here)
+  _assert_names_holder(error, pid)
+  assert not (folder / results.PROVENANCE_FILE).exists()
+
+
+def test_training_on_a_held_workdir_stops_at_once(holder, tmp_path):
+  folder, pid = holder
+  config = TrainConfig.from_dict(target_config.get_config("test").to_dict())
+  with pytest.raises(locks.FolderLockedError, match="in use by another training run") as error:
+    train.train(config, folder)
+  _assert_names_holder(error, pid)
+  assert not (folder / "checkpoints").exists() and not (folder / "config.json").exists()
+
+
+def test_rho_ablation_on_a_held_folder_stops_at_once(holder, tmp_path):
+  folder, pid = holder
+  config = RhoAblationConfig.from_dict(rho_ablation_config.get_config("test").to_dict())
+  sweep = dataclasses.replace(config.sweep, results_dir=str(folder))
+  with pytest.raises(locks.FolderLockedError, match="rho ablation") as error:
+    analysis.run_rho_ablation(dataclasses.replace(config, sweep=sweep))
+  _assert_names_holder(error, pid)
+
+
+def test_lock_is_reentrant_released_and_skipped_off_process_zero(tmp_path):
+  with locks.exclusive(tmp_path, "sweep"):
+    with locks.exclusive(tmp_path, "rho ablation"):  # nested in one process: no deadlock
+      info = json.loads((tmp_path / locks.LOCK_FILE).read_text())
+      assert info["pid"] == os.getpid() and info["host"] == platform.node()
+  with locks.exclusive(tmp_path, "sweep"):  # released on exit
+    pass
+  with locks.exclusive(tmp_path / "other", holder=False):
+    assert not (tmp_path / "other").exists()
+
+
+def test_unlockable_folder_warns(caplog):
+  with locks.exclusive("gs://bucket/sweep"):
+    pass
+  assert "one writer per folder" in caplog.text
+
+
+_SWEEP = """
+import pathlib, sys
+from spectr_jax import experiment
+from tests.test_experiment import random_pair, sweep_config
+config = sweep_config(pathlib.Path(sys.argv[1]), methods=("autoregressive", "sd"), seeds=(0,))
+experiment.run_sweep(config, random_pair(), wait=sys.argv[2] == "wait")
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["wait", "exit"])
+def test_two_sweeps_started_together_run_each_cell_once(tmp_path, mode):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  runs = [
+    subprocess.Popen(
+      [sys.executable, "-c", _SWEEP, str(tmp_path), mode],
+      cwd=_REPO,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for _ in range(2)
+  ]
+  outputs = [run.communicate(timeout=240) for run in runs]
+  codes = sorted(run.returncode for run in runs)
+  if mode == "wait":
+    assert codes == [0, 0], outputs
+  else:
+    assert codes[0] == 0 and (
+      codes[1] == 0 or "FolderLockedError" in "".join(o[1] for o in outputs)
+    )
+    if codes[1]:
+      assert "in use by another sweep: PID" in "".join(o[1] for o in outputs)
+  lines = (tmp_path / "results" / results.RESULTS_FILE).read_text().splitlines()
+  keys = [json.loads(line)["key"] for line in lines]
+  assert len(keys) == len(set(keys)) == 2  # "autoregressive" and "sd" L = 2, one seed
+  assert len(results.read_jsonl(tmp_path / "results" / results.PROVENANCE_FILE)) == 1
