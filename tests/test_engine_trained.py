@@ -15,7 +15,7 @@ import pytest
 
 from configs import draft as draft_config
 from configs import target as target_config
-from spectr_jax import data, engine, runs, train
+from spectr_jax import data, engine, rounds, runs, train
 from spectr_jax.config import TrainConfig
 from spectr_jax.models import reset_tails
 from tests import stats
@@ -102,7 +102,7 @@ def test_spectr_samples_as_likely_as_autoregressive(pair, monkeypatch):
     return reset_tails(cache)
 
   engine._compiled.cache_clear()
-  monkeypatch.setattr(engine, "commit", stale_cache)
+  monkeypatch.setattr(rounds, "commit", stale_cache)
   try:
     broken, _ = _sample(pair, "kseq", 1, num_drafts=4, draft_len=4)
   finally:
