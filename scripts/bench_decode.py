@@ -69,7 +69,9 @@ def _per_call(step, carry, repeats, calls=16):
 
 def _component_times(spec, draft, target, prompts, lengths, repeats):
   """Seconds of one round's draft, target and verification steps, each timed alone."""
-  traced = rounds.Traced(jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.int32(-1))
+  traced = rounds.Traced(
+    jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
+  )
   draft_params = draft.params if spec.draft_len else None
   init = jax.jit(functools.partial(rounds.init_state, spec))
   state = init(draft_params, target.params, prompts, lengths)

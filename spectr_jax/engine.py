@@ -22,6 +22,7 @@ hit (L + 1 tokens) it has two pending tokens, fed together at the start of the n
 """
 
 import functools
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -87,10 +88,10 @@ def _check_method(draft, target, method, num_drafts, draft_len, rho):
     verify.check_method(method, num_drafts)
     if draft_len < 1:
       raise ValueError(f"draft_len must be >= 1 for method {method!r}, got {draft_len}")
-    if draft.config.vocab_size != target.config.vocab_size:
+    if draft.config.num_logits != target.config.num_logits:
       raise ValueError(
-        f"draft and target vocabularies differ: {draft.config.vocab_size} vs "
-        f"{target.config.vocab_size}"
+        f"draft and target vocabularies differ: {draft.config.num_logits} vs "
+        f"{target.config.num_logits}"
       )
   fixed = method == "kseq" and not isinstance(rho, str) and checks.is_concrete(rho)
   if fixed and np.ndim(rho) == 0 and np.isfinite(rho):
@@ -107,8 +108,19 @@ def _check_sampling(vocab_size, max_new_tokens, temperature, top_k, top_p, eos_i
     checks.integer("top_k", top_k, 1, vocab_size)
   if top_p is not None and checks.is_concrete(top_p) and not 0 < float(top_p) <= 1:
     raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
-  if eos_id is not None:
-    checks.integer("eos_id", eos_id, 0, vocab_size - 1)
+  for eos in _eos_ids(eos_id):
+    checks.integer("eos_id", eos, 0, vocab_size - 1)
+
+
+def _eos_ids(eos_id: int | Sequence[int] | None) -> tuple[int, ...]:
+  """The stop tokens as a tuple: none, one id, or a set of ids (Llama 3, Gemma)."""
+  if eos_id is None:
+    return ()
+  if isinstance(eos_id, Sequence) and not isinstance(eos_id, str):
+    if not eos_id:
+      raise ValueError("eos_id must be None, an id or a non-empty sequence of ids, got []")
+    return tuple(eos_id)
+  return (eos_id,)
 
 
 def _check_prompts(vocab_size, prompts, prompt_lengths, prompt_ids):
@@ -132,7 +144,7 @@ def _check_prompts(vocab_size, prompts, prompt_lengths, prompt_ids):
 
 def _check_inputs(draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
                   max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids):  # fmt: skip
-  vocab_size = target.config.vocab_size
+  vocab_size = target.config.num_logits
   _check_method(draft, target, method, num_drafts, draft_len, rho)
   _check_sampling(vocab_size, max_new_tokens, temperature, top_k, top_p, eos_id)
   _check_prompts(vocab_size, prompts, prompt_lengths, prompt_ids)
@@ -165,7 +177,7 @@ def generate(
   temperature: float = 1.0,
   top_k: int | None = None,
   top_p: float | None = None,
-  eos_id: int | None = None,
+  eos_id: int | Sequence[int] | None = None,
   rho="star",
   prompt_ids: jax.Array | None = None,
   mesh: jax.sharding.Mesh | None = None,
@@ -184,7 +196,8 @@ def generate(
     num_drafts: K. draft_len: L (ignored by "autoregressive").
     max_new_tokens: T, tokens generated per row (fewer when EOS is emitted).
     temperature: >= 0 (traced; 0 is greedy). top_k: static int or None.
-    top_p: in (0, 1] or None (traced). eos_id: stop token or None.
+    top_p: in (0, 1] or None (traced). eos_id: stop token, a sequence of stop tokens
+      (any of them ends a row) or None.
     rho: K-SEQ split factor "star", "k" or a number (traced).
     prompt_ids: B ints naming the prompts for the randomness (default 0..B-1).
     mesh: optional mesh with a "data" axis: rows are split over it (the batch is padded
@@ -213,7 +226,7 @@ def generate(
     temperature=jnp.float32(temperature),
     top_p=jnp.float32(1.0 if top_p is None else top_p),
     rho_value=rho_value,
-    eos_id=jnp.int32(-1 if eos_id is None else eos_id),
+    eos_ids=jnp.asarray(_eos_ids(eos_id) or (-1,), jnp.int32),
   )
   prompts = jnp.asarray(prompts, jnp.int32)
   lengths = jnp.asarray(prompt_lengths, jnp.int32)

@@ -98,7 +98,7 @@ class Traced(NamedTuple):
   temperature: jax.Array
   top_p: jax.Array
   rho_value: jax.Array
-  eos_id: jax.Array
+  eos_ids: jax.Array  # int32 [A] stop tokens (-1: none)
 
 
 def probs(spec: DecodeSpec, logits_XxV, traced: Traced):
@@ -192,7 +192,8 @@ def _emit(spec, state: State, tokens_BxL1, num_B, bad_B, traced) -> _Emitted:
   """How many of a round's tokens each row emits: stop after the first EOS and at the
   token budget; rows that are done or hit non-finite logits emit nothing."""
   w = spec.round_width
-  eos_BxL1 = (tokens_BxL1 == traced.eos_id) & (jnp.arange(w) < num_B[:, None])
+  is_eos_BxL1 = jnp.any(tokens_BxL1[..., None] == traced.eos_ids, axis=-1)
+  eos_BxL1 = is_eos_BxL1 & (jnp.arange(w) < num_B[:, None])
   first_eos_B = jnp.where(jnp.any(eos_BxL1, axis=1), jnp.argmax(eos_BxL1, axis=1), w)
   emit_B = jnp.minimum(jnp.minimum(num_B, first_eos_B + 1), spec.max_new_tokens - state.num_out_B)
   live_B = ~state.done_B & ~bad_B

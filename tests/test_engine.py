@@ -193,6 +193,19 @@ def test_eos_stops_rows(models):
   np.testing.assert_array_equal(np.asarray(out.stats.emitted_B), lengths)
 
 
+def test_eos_set_stops_at_any_of_its_ids(models):
+  draft, target = models
+  eos = (1, 3)
+  out = _generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos)
+  tokens, lengths = np.asarray(out.tokens_BxT), np.asarray(out.lengths_B)
+  last = {int(row[n - 1]) for row, n in zip(tokens, lengths, strict=True) if n < 12}
+  assert last == set(eos)  # Both ids end rows, and nothing else does.
+  for row, n in zip(tokens, lengths, strict=True):
+    assert not np.isin(row[: n - 1], eos).any()
+  with pytest.raises(ValueError, match="non-empty sequence"):
+    _generate(draft, target, "kseq", 2, 3, 12, batch=4, eos_id=[])
+
+
 def test_nonfinite_logits_are_counted_not_sampled(models):
   draft, target = models
   broken = ModelBundle(target.config, jax.tree.map(lambda x: x * jnp.nan, target.params))
@@ -278,6 +291,7 @@ def test_second_call_does_not_recompile(models):
     (dict(prompts=jnp.asarray([[1, V, 3]])), r"prompts must hold token ids in \[0, "),
     (dict(eos_id=V), "eos_id must be an integer in"),
     (dict(eos_id=-1), "eos_id must be an integer in"),
+    (dict(eos_id=(3, V)), "eos_id must be an integer in"),
     (dict(top_k=V + 1), "top_k must be an integer in"),
     (dict(temperature=float("inf")), "temperature must be finite"),
     (dict(temperature=float("nan")), "temperature must be finite"),

@@ -4,6 +4,7 @@ Every cache test compares against the plain causal forward `__call__` of the ful
 sequence, which is the definition of what prefill/extend/commit/rollback must compute.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -183,6 +184,17 @@ def test_future_tokens_do_not_change_past_logits(any_harness):
   b = any_harness.forward(jnp.asarray(changed))
   np.testing.assert_allclose(a[:, :5], b[:, :5], atol=1e-6)
   assert not np.allclose(a[:, 5:], b[:, 5:], atol=1e-3)
+
+
+def test_output_vocab_size_keeps_the_first_logits_exactly(harness):
+  tokens = jnp.asarray(_tokens(3, (2, 5)))
+  full = harness.forward(tokens)
+  config = dataclasses.replace(harness.config, output_vocab_size=VOCAB - 3)
+  cut = Transformer(config).apply({"params": harness.params}, tokens)
+  assert config.num_logits == cut.shape[-1] == VOCAB - 3
+  np.testing.assert_allclose(cut, full[..., : VOCAB - 3], rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match="output_vocab_size"):
+    dataclasses.replace(harness.config, output_vocab_size=VOCAB + 1)
 
 
 def test_init_params_makes_every_param_in_float32():

@@ -25,6 +25,9 @@ class ModelConfig:
     rope_base: the base of the rotary position embedding frequencies.
     norm_eps: the epsilon of RMSNorm.
     dtype: the compute dtype name ("float32", "bfloat16"); parameters are float32.
+    output_vocab_size: the logits cover ids [0, output_vocab_size) only (None: all
+      vocab_size); a pair whose embeddings have padding rows past its tokenizer's
+      vocabulary is restricted to the real tokens this way.
   """
 
   vocab_size: int
@@ -38,6 +41,7 @@ class ModelConfig:
   rope_base: float = 10000.0
   norm_eps: float = 1e-6
   dtype: str = "float32"
+  output_vocab_size: int | None = None
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -47,11 +51,21 @@ class ModelConfig:
     if self.head_dim % 2:
       raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
     jnp.dtype(self.dtype)
+    if self.output_vocab_size is not None and not 1 <= self.output_vocab_size <= self.vocab_size:
+      raise ValueError(
+        f"output_vocab_size must lie in [1, vocab_size = {self.vocab_size}], "
+        f"got {self.output_vocab_size}"
+      )
 
   @property
   def compute_dtype(self) -> jnp.dtype:
     """The dtype of activations and of the KV cache."""
     return jnp.dtype(self.dtype)
+
+  @property
+  def num_logits(self) -> int:
+    """V as the decoder sees it: the last dimension of the logits."""
+    return self.vocab_size if self.output_vocab_size is None else self.output_vocab_size
 
   @property
   def num_groups(self) -> int:

@@ -183,7 +183,13 @@ class Transformer(nn.Module):
     )
 
   def _logits(self, x_XxD: jax.Array) -> jax.Array:
-    logits_XxV = self.embed.attend(self.final_norm(x_XxD)) * self.config.d_model**-0.5
+    y_XxD = self.final_norm(x_XxD)
+    if self.config.output_vocab_size is None:
+      logits_XxV = self.embed.attend(y_XxD)
+    else:
+      embedding_VxD = self.embed.embedding[: self.config.output_vocab_size]
+      logits_XxV = y_XxD @ embedding_VxD.astype(y_XxD.dtype).T
+    logits_XxV = logits_XxV * self.config.d_model**-0.5
     return logits_XxV.astype(jnp.float32)
 
   def _causal(self, tokens_BxT: jax.Array) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
