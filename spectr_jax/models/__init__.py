@@ -1,4 +1,7 @@
-"""PaLM-style decoder LMs (draft and target) and their speculative-decoding KV cache.
+"""Decoder LMs (draft and target) and their speculative-decoding KV cache.
+
+The PaLM-style models the project trains, and open-weight checkpoints (Llama, Qwen2,
+Gemma, Gemma 2, GPT-2) loaded with `load_pretrained` into the same decoder.
 
 Letters beyond the package legend: Hk key/value heads, G = H // Hk query heads per
 key/value head, Dh head width, F MLP width, R tail capacity.
@@ -16,15 +19,11 @@ Usage:
   cache = commit(cache, tail_idx_B, num_B)
 """
 
-from typing import Any
-
-import jax
-import jax.numpy as jnp
-from flax import struct
-
+from spectr_jax.models.bundle import ModelBundle, init_params
 from spectr_jax.models.cache import KVCache, commit, init_cache, reset_tails, rollback
 from spectr_jax.models.config import (
   ModelConfig,
+  RopeScaling,
   count_params,
   expected_num_params,
   get_model_config,
@@ -32,43 +31,11 @@ from spectr_jax.models.config import (
 )
 from spectr_jax.models.transformer import Transformer
 
-
-@struct.dataclass
-class ModelBundle:
-  """A model config with its parameters: what training returns and decoding takes.
-
-  Attributes:
-    config: the hyper-parameters (static: not a pytree leaf, so a bundle can cross jit).
-    params: the flax parameter pytree of `Transformer(config)`.
-  """
-
-  config: ModelConfig = struct.field(pytree_node=False)
-  params: Any
-
-  @property
-  def model(self) -> Transformer:
-    """The flax module of this config."""
-    return Transformer(self.config)
-
-
-def init_params(config: ModelConfig, key: jax.Array) -> Any:
-  """Returns freshly initialised parameters of `Transformer(config)`.
-
-  Args:
-    config: the model config.
-    key: a PRNG key.
-
-  Returns:
-    The parameter pytree (the "params" collection), float32.
-  """
-  tokens_1x1 = jnp.zeros((1, 1), jnp.int32)
-  return jax.jit(Transformer(config).init)(key, tokens_1x1)["params"]
-
-
 __all__ = [
   "KVCache",
   "ModelBundle",
   "ModelConfig",
+  "RopeScaling",
   "Transformer",
   "commit",
   "count_params",

@@ -1,4 +1,7 @@
-"""PaLM-style decoder LM: parallel blocks, RoPE, multi-query attention, SwiGLU, tied embedding.
+"""The decoder LM: PaLM-style by default, or a Llama / Qwen2 / Gemma / Gemma 2 / GPT-2 block.
+
+The config chooses the block (parallel or sequential pre-norm), the norms, positions, MLP,
+biases, soft-caps and sliding windows (models/layers.py holds those pieces).
 
 Letters beyond the package legend: Hk key/value heads, G = H // Hk query heads per
 key/value head, Dh head width, F MLP width, R tail capacity, X any leading shape.
@@ -7,160 +10,109 @@ The KV cache is an explicit pytree (`KVCache`) passed in and returned, never a m
 flax collection, so every method is a pure function of (params, inputs, cache).
 """
 
-from collections.abc import Callable
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from spectr_jax.models import attention, layers
 from spectr_jax.models.cache import KVCache
 from spectr_jax.models.config import ModelConfig
 
-_MASKED = float(jnp.finfo(jnp.float32).min)
-
-# attend(q_XxHxDh, k_XxHkxDh, v_XxHkxDh) -> (o_XxHxDh, kv): the attention of one layer;
-# kv is whatever the calling mode keeps of the layer (its keys and values, or its tails).
-Attend = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
-
-
-def _rope(x_XxHxDh: jax.Array, pos_X: jax.Array, base: float) -> jax.Array:
-  """Rotates the two halves of every head by angles pos * base^(-i / (Dh / 2))."""
-  half = x_XxHxDh.shape[-1] // 2
-  freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle_XxHalf = pos_X.astype(jnp.float32)[..., None] * freq
-  sin = jnp.sin(angle_XxHalf)[..., None, :]
-  cos = jnp.cos(angle_XxHalf)[..., None, :]
-  x1, x2 = jnp.split(x_XxHxDh.astype(jnp.float32), 2, axis=-1)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x_XxHxDh.dtype)
-
-
-def _group(q_XxHxDh: jax.Array, num_kv_heads: int) -> jax.Array:
-  """Splits the query heads into Hk groups of G: X x H x Dh -> X x Hk x G x Dh."""
-  *lead, h, dh = q_XxHxDh.shape
-  return q_XxHxDh.reshape(*lead, num_kv_heads, h // num_kv_heads, dh)
-
-
-def _causal_attention(
-  q_BxTxHxDh: jax.Array, k_BxTxHkxDh: jax.Array, v_BxTxHkxDh: jax.Array
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-  """Causal self-attention over one sequence per row; keeps (k, v) for the cache."""
-  b, t, h, dh = q_BxTxHxDh.shape
-  q_BxTxHkxGxDh = _group(q_BxTxHxDh, k_BxTxHkxDh.shape[2])
-  s_BxHkxGxTxT = jnp.einsum(
-    "btngd,bsnd->bngts", q_BxTxHkxGxDh, k_BxTxHkxDh, preferred_element_type=jnp.float32
-  )
-  causal_TxT = jnp.tril(jnp.ones((t, t), bool))
-  p_BxHkxGxTxT = jax.nn.softmax(jnp.where(causal_TxT, s_BxHkxGxTxT, _MASKED), axis=-1)
-  o_BxTxHkxGxDh = jnp.einsum(
-    "bngts,bsnd->btngd", p_BxHkxGxTxT.astype(v_BxTxHkxDh.dtype), v_BxTxHkxDh
-  )
-  return o_BxTxHkxGxDh.reshape(b, t, h, dh), (k_BxTxHkxDh, v_BxTxHkxDh)
-
-
-def _write_tail(
-  tail_BxKxRxHkxDh: jax.Array, new_BxKxTxHkxDh: jax.Array, start_BxK: jax.Array
-) -> jax.Array:
-  """Writes T new entries of every tail at its own start; entries past R are dropped."""
-
-  def write(tail_RxHkxDh, new_TxHkxDh, start):
-    pos_T = start + jnp.arange(new_TxHkxDh.shape[0])
-    return tail_RxHkxDh.at[pos_T].set(new_TxHkxDh.astype(tail_RxHkxDh.dtype), mode="drop")
-
-  return jax.vmap(jax.vmap(write))(tail_BxKxRxHkxDh, new_BxKxTxHkxDh, start_BxK)
-
-
-def _tail_attention(
-  q_BxKxTxHxDh: jax.Array,
-  prefix_k_BxSxHkxDh: jax.Array,
-  prefix_v_BxSxHkxDh: jax.Array,
-  prefix_len_B: jax.Array,
-  tail_k_BxKxRxHkxDh: jax.Array,
-  tail_v_BxKxRxHkxDh: jax.Array,
-  tail_pos_BxKxT: jax.Array,
-) -> jax.Array:
-  """Attention of K tails of queries to their row's shared prefix and their own tail.
-
-  Scores against the prefix are one einsum per row over all K*T queries (the prefix is
-  never copied K times); scores against each tail are separate; one softmax covers both.
-
-  Args:
-    q_BxKxTxHxDh: queries (already rotated).
-    prefix_k_BxSxHkxDh: prefix keys; prefix_v_BxSxHkxDh: prefix values.
-    prefix_len_B: valid prefix entries of each row.
-    tail_k_BxKxRxHkxDh: tail keys including the new ones; tail_v_BxKxRxHkxDh: values.
-    tail_pos_BxKxT: the tail slot of every query; it sees tail slots up to this one.
-
-  Returns:
-    o_BxKxTxHxDh, the attention output.
-  """
-  b, k, t, h, dh = q_BxKxTxHxDh.shape
-  s = prefix_k_BxSxHkxDh.shape[1]
-  q_BxKxTxHkxGxDh = _group(q_BxKxTxHxDh, prefix_k_BxSxHkxDh.shape[2])
-  f32 = jnp.float32
-  s_pre_BxKxTxHkxGxS = jnp.einsum(
-    "bktngd,bsnd->bktngs", q_BxKxTxHkxGxDh, prefix_k_BxSxHkxDh, preferred_element_type=f32
-  )
-  s_tail_BxKxTxHkxGxR = jnp.einsum(
-    "bktngd,bkrnd->bktngr", q_BxKxTxHkxGxDh, tail_k_BxKxRxHkxDh, preferred_element_type=f32
-  )
-  pre_mask_BxS = jnp.arange(s)[None, :] < prefix_len_B[:, None]
-  r = tail_k_BxKxRxHkxDh.shape[2]
-  tail_mask_BxKxTxR = jnp.arange(r) <= tail_pos_BxKxT[..., None]
-  scores = jnp.concatenate(
-    [
-      jnp.where(pre_mask_BxS[:, None, None, None, None, :], s_pre_BxKxTxHkxGxS, _MASKED),
-      jnp.where(tail_mask_BxKxTxR[:, :, :, None, None, :], s_tail_BxKxTxHkxGxR, _MASKED),
-    ],
-    axis=-1,
-  )
-  p = jax.nn.softmax(scores, axis=-1).astype(prefix_v_BxSxHkxDh.dtype)
-  o_BxKxTxHkxGxDh = jnp.einsum("bktngs,bsnd->bktngd", p[..., :s], prefix_v_BxSxHkxDh)
-  o_BxKxTxHkxGxDh += jnp.einsum("bktngr,bkrnd->bktngd", p[..., s:], tail_v_BxKxRxHkxDh)
-  return o_BxKxTxHkxGxDh.reshape(b, k, t, h, dh)
-
 
 class _Block(nn.Module):
-  """The PaLM parallel block: x + attn(norm(x)) + mlp(norm(x)), no biases."""
+  """One decoder block: PaLM's parallel block or a sequential pre-norm block.
+
+  Parallel: x + attn(norm(x)) + mlp(norm(x)). Sequential: x += attn(norm(x)), then
+  x += mlp(mlp_norm(x)), with Gemma 2's post_attn_norm / post_mlp_norm applied to the
+  attention and MLP outputs when `post_norms`.
+  """
 
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_XxD: jax.Array, pos_X: jax.Array, attend: Attend) -> tuple[jax.Array, Any]:
+  def __call__(
+    self, x_XxD: jax.Array, pos_X: jax.Array, attend: attention.Attend
+  ) -> tuple[jax.Array, Any]:
     cfg = self.config
-    dt = cfg.compute_dtype
-    d, h, hk, dh, f = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim
-    in_init = nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2))
-    w_q = self.param("w_q", in_init, (d, h, dh), jnp.float32)
-    w_k = self.param("w_k", in_init, (d, hk, dh), jnp.float32)
-    w_v = self.param("w_v", in_init, (d, hk, dh), jnp.float32)
-    w_o = self.param(
-      "w_o", nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2), (h, dh, d), jnp.float32
-    )
-    w_gate = self.param("w_gate", nn.initializers.lecun_normal(), (d, f), jnp.float32)
-    w_up = self.param("w_up", nn.initializers.lecun_normal(), (d, f), jnp.float32)
-    w_down = self.param("w_down", nn.initializers.lecun_normal(), (f, d), jnp.float32)
+    y_XxD = layers.make_norm(cfg, "norm")(x_XxD)
+    attn_XxD, kv = self._self_attention(y_XxD, pos_X, attend)
+    if cfg.post_norms:
+      attn_XxD = layers.make_norm(cfg, "post_attn_norm")(attn_XxD)
+    if cfg.block == "parallel":
+      return x_XxD + attn_XxD + self._mlp(y_XxD), kv
+    x_XxD = x_XxD + attn_XxD
+    mlp_XxD = self._mlp(layers.make_norm(cfg, "mlp_norm")(x_XxD))
+    if cfg.post_norms:
+      mlp_XxD = layers.make_norm(cfg, "post_mlp_norm")(mlp_XxD)
+    return x_XxD + mlp_XxD, kv
 
-    y_XxD = nn.RMSNorm(epsilon=cfg.norm_eps, dtype=dt, param_dtype=jnp.float32, name="norm")(x_XxD)
-    q_XxHxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_q.astype(dt)) * dh**-0.5
-    k_XxHkxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_k.astype(dt))
-    v_XxHkxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_v.astype(dt))
-    q_XxHxDh = _rope(q_XxHxDh, pos_X, cfg.rope_base)
-    k_XxHkxDh = _rope(k_XxHkxDh, pos_X, cfg.rope_base)
+  def _weight(self, name: str, shape: tuple[int, ...], in_axis=0, out_axis=-1) -> jax.Array:
+    init = nn.initializers.lecun_normal(in_axis=in_axis, out_axis=out_axis)
+    return self.param(name, init, shape, jnp.float32).astype(self.config.compute_dtype)
+
+  def _bias(self, name: str, shape: tuple[int, ...]) -> jax.Array:
+    bias = self.param(name, nn.initializers.zeros, shape, jnp.float32)
+    return bias.astype(self.config.compute_dtype)
+
+  def _self_attention(
+    self, y_XxD: jax.Array, pos_X: jax.Array, attend: attention.Attend
+  ) -> tuple[jax.Array, Any]:
+    cfg = self.config
+    d, h, hk, dh = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    w_q = self._weight("w_q", (d, h, dh), 0, (1, 2))
+    w_k = self._weight("w_k", (d, hk, dh), 0, (1, 2))
+    w_v = self._weight("w_v", (d, hk, dh), 0, (1, 2))
+    w_o = self._weight("w_o", (h, dh, d), (0, 1), 2)
+    q_XxHxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_q)
+    k_XxHkxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_k)
+    v_XxHkxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_v)
+    if cfg.qkv_bias:
+      q_XxHxDh = q_XxHxDh + self._bias("b_q", (h, dh))
+      k_XxHkxDh = k_XxHkxDh + self._bias("b_k", (hk, dh))
+      v_XxHkxDh = v_XxHkxDh + self._bias("b_v", (hk, dh))
+    q_XxHxDh = q_XxHxDh * (dh**-0.5 if cfg.query_scale is None else cfg.query_scale)
+    if cfg.positions == "rope":
+      freq_Half = layers.rope_frequencies(cfg)
+      q_XxHxDh = layers.rope(q_XxHxDh, pos_X, freq_Half)
+      k_XxHkxDh = layers.rope(k_XxHkxDh, pos_X, freq_Half)
     o_XxHxDh, kv = attend(q_XxHxDh, k_XxHkxDh, v_XxHkxDh)
-    attn_XxD = jnp.einsum("...hk,hkd->...d", o_XxHxDh.astype(dt), w_o.astype(dt))
+    attn_XxD = jnp.einsum("...hk,hkd->...d", o_XxHxDh.astype(w_o.dtype), w_o)
+    if cfg.out_bias:
+      attn_XxD = attn_XxD + self._bias("b_o", (d,))
+    return attn_XxD, kv
 
-    gate_XxF = jax.nn.silu(y_XxD @ w_gate.astype(dt))
-    mlp_XxD = (gate_XxF * (y_XxD @ w_up.astype(dt))) @ w_down.astype(dt)
-    return x_XxD + attn_XxD + mlp_XxD, kv
+  def _mlp(self, y_XxD: jax.Array) -> jax.Array:
+    cfg = self.config
+    d, f = cfg.d_model, cfg.mlp_dim
+    w_gate = self._weight("w_gate", (d, f)) if cfg.gated_mlp else None
+    w_up = self._weight("w_up", (d, f))
+    w_down = self._weight("w_down", (f, d))
+    up_XxF = y_XxD @ w_up
+    if cfg.mlp_bias:
+      up_XxF = up_XxF + self._bias("b_up", (f,))
+    if cfg.gated_mlp:
+      gate_XxF = y_XxD @ w_gate
+      if cfg.mlp_bias:
+        gate_XxF = gate_XxF + self._bias("b_gate", (f,))
+      hidden_XxF = layers.mlp_activation(cfg, gate_XxF) * up_XxF
+    else:
+      hidden_XxF = layers.mlp_activation(cfg, up_XxF)
+    out_XxD = hidden_XxF @ w_down
+    if cfg.mlp_bias:
+      out_XxD = out_XxD + self._bias("b_down", (d,))
+    return out_XxD
 
 
 class Transformer(nn.Module):
-  """PaLM-style decoder-only LM with a speculative-decoding KV cache.
+  """Decoder-only LM with a speculative-decoding KV cache.
 
-  The input embedding (initialised N(0, 1)) is tied with the output layer:
-  logits = final_norm(x) @ embedding.T / sqrt(D). Logits are float32.
+  The input embedding (initialised N(0, 1); times sqrt(D) if `embed_scale`, plus a
+  learned position row if `positions == "learned"`) feeds N blocks; the logits are
+  final_norm(x) @ E.T with E the input embedding (tied) or `out_embedding`, divided by
+  sqrt(D) if `scale_logits`, soft-capped if `final_softcap`. Logits are float32.
 
   Attributes:
     config: the model hyper-parameters.
@@ -177,29 +129,54 @@ class Transformer(nn.Module):
       dtype=cfg.compute_dtype,
       param_dtype=jnp.float32,
     )
+    if cfg.positions == "learned":
+      self.pos_embed = nn.Embed(
+        cfg.num_positions,
+        cfg.d_model,
+        embedding_init=nn.initializers.normal(0.02),
+        dtype=cfg.compute_dtype,
+        param_dtype=jnp.float32,
+      )
+    if not cfg.tied_embedding:
+      self.out_embedding = self.param(
+        "out_embedding", nn.initializers.normal(1.0), (cfg.vocab_size, cfg.d_model), jnp.float32
+      )
     self.blocks = [_Block(cfg, name=f"block_{i}") for i in range(cfg.num_layers)]
-    self.final_norm = nn.RMSNorm(
-      epsilon=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=jnp.float32
-    )
+    self.final_norm = layers.make_norm(cfg)
+
+  def _embed(self, tokens_XxT: jax.Array, pos_XxT: jax.Array) -> jax.Array:
+    cfg = self.config
+    x_XxTxD = self.embed(tokens_XxT)
+    if cfg.embed_scale:
+      x_XxTxD = x_XxTxD * jnp.asarray(cfg.d_model**0.5, cfg.compute_dtype)
+    if cfg.positions == "learned":
+      x_XxTxD = x_XxTxD + self.pos_embed(pos_XxT)
+    return x_XxTxD
 
   def _logits(self, x_XxD: jax.Array) -> jax.Array:
+    cfg = self.config
     y_XxD = self.final_norm(x_XxD)
-    if self.config.output_vocab_size is None:
+    if cfg.tied_embedding and cfg.output_vocab_size is None:
       logits_XxV = self.embed.attend(y_XxD)
     else:
-      embedding_VxD = self.embed.embedding[: self.config.output_vocab_size]
-      logits_XxV = y_XxD @ embedding_VxD.astype(y_XxD.dtype).T
-    logits_XxV = logits_XxV * self.config.d_model**-0.5
-    return logits_XxV.astype(jnp.float32)
+      table_VxD = self.embed.embedding if cfg.tied_embedding else self.out_embedding
+      logits_XxV = y_XxD @ table_VxD[: cfg.num_logits].astype(y_XxD.dtype).T
+    if cfg.scale_logits:
+      logits_XxV = logits_XxV * cfg.d_model**-0.5
+    return layers.softcap(logits_XxV.astype(jnp.float32), cfg.final_softcap)
 
   def _causal(self, tokens_BxT: jax.Array) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
     """The causal forward at positions 0..T-1; returns logits and every layer's (k, v)."""
     b, t = tokens_BxT.shape
     pos_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
-    x_BxTxD = self.embed(tokens_BxT)
+    x_BxTxD = self._embed(tokens_BxT, pos_BxT)
+    cfg = self.config
     kvs = []
-    for block in self.blocks:
-      x_BxTxD, kv = block(x_BxTxD, pos_BxT, _causal_attention)
+    for n, block in enumerate(self.blocks):
+      attend = functools.partial(
+        attention.causal, window=cfg.layer_window(n), softcap=cfg.attn_softcap
+      )
+      x_BxTxD, kv = block(x_BxTxD, pos_BxT, attend)
       kvs.append(kv)
     return self._logits(x_BxTxD), kvs
 
@@ -266,15 +243,24 @@ class Transformer(nn.Module):
       raise ValueError(f"tokens are {b} x {k} rows x tails, the cache {cache.B} x {cache.K}")
     tail_pos_BxKxT = cache.tail_len[:, :, None] + jnp.arange(t)
     pos_BxKxT = cache.prefix_len[:, None, None] + tail_pos_BxKxT
-    x_BxKxTxD = self.embed(tokens_BxKxT)
+    x_BxKxTxD = self._embed(tokens_BxKxT, pos_BxKxT)
+    cfg = self.config
     tails_k, tails_v = [], []
     for n, block in enumerate(self.blocks):
 
       def attend(q, k_new, v_new, n=n):
-        tail_k = _write_tail(cache.tail_k[n], k_new, cache.tail_len)
-        tail_v = _write_tail(cache.tail_v[n], v_new, cache.tail_len)
-        o = _tail_attention(
-          q, cache.prefix_k[n], cache.prefix_v[n], cache.prefix_len, tail_k, tail_v, tail_pos_BxKxT
+        tail_k = attention.write_tail(cache.tail_k[n], k_new, cache.tail_len)
+        tail_v = attention.write_tail(cache.tail_v[n], v_new, cache.tail_len)
+        o = attention.tails(
+          q,
+          cache.prefix_k[n],
+          cache.prefix_v[n],
+          cache.prefix_len,
+          tail_k,
+          tail_v,
+          tail_pos_BxKxT,
+          window=cfg.layer_window(n),
+          softcap=cfg.attn_softcap,
         )
         return o, (tail_k, tail_v)
 

@@ -1,0 +1,127 @@
+"""Attention of one layer: the causal forward and the tails against a cached prefix.
+
+Letters beyond the package legend: Hk key/value heads, G = H // Hk query heads per
+key/value head, Dh head width, R tail capacity, X any leading shape.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from spectr_jax.models import layers
+
+_MASKED = float(jnp.finfo(jnp.float32).min)
+
+# attend(q_XxHxDh, k_XxHkxDh, v_XxHkxDh) -> (o_XxHxDh, kv): the attention of one layer;
+# kv is whatever the calling mode keeps of the layer (its keys and values, or its tails).
+Attend = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
+
+
+def _group(q_XxHxDh: jax.Array, num_kv_heads: int) -> jax.Array:
+  """Splits the query heads into Hk groups of G: X x H x Dh -> X x Hk x G x Dh."""
+  *lead, h, dh = q_XxHxDh.shape
+  return q_XxHxDh.reshape(*lead, num_kv_heads, h // num_kv_heads, dh)
+
+
+def causal(
+  q_BxTxHxDh: jax.Array,
+  k_BxTxHkxDh: jax.Array,
+  v_BxTxHkxDh: jax.Array,
+  *,
+  window: int | None,
+  softcap: float | None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  """Causal self-attention over one sequence per row; keeps (k, v) for the cache.
+
+  Query t sees keys s <= t, and with a sliding window only those with t - s < window.
+  """
+  b, t, h, dh = q_BxTxHxDh.shape
+  q_BxTxHkxGxDh = _group(q_BxTxHxDh, k_BxTxHkxDh.shape[2])
+  s_BxHkxGxTxT = jnp.einsum(
+    "btngd,bsnd->bngts", q_BxTxHkxGxDh, k_BxTxHkxDh, preferred_element_type=jnp.float32
+  )
+  s_BxHkxGxTxT = layers.softcap(s_BxHkxGxTxT, softcap)
+  causal_TxT = jnp.tril(jnp.ones((t, t), bool))
+  if window is not None:
+    causal_TxT &= jnp.triu(jnp.ones((t, t), bool), 1 - window)
+  p_BxHkxGxTxT = jax.nn.softmax(jnp.where(causal_TxT, s_BxHkxGxTxT, _MASKED), axis=-1)
+  o_BxTxHkxGxDh = jnp.einsum(
+    "bngts,bsnd->btngd", p_BxHkxGxTxT.astype(v_BxTxHkxDh.dtype), v_BxTxHkxDh
+  )
+  return o_BxTxHkxGxDh.reshape(b, t, h, dh), (k_BxTxHkxDh, v_BxTxHkxDh)
+
+
+def write_tail(
+  tail_BxKxRxHkxDh: jax.Array, new_BxKxTxHkxDh: jax.Array, start_BxK: jax.Array
+) -> jax.Array:
+  """Writes T new entries of every tail at its own start; entries past R are dropped."""
+
+  def write(tail_RxHkxDh, new_TxHkxDh, start):
+    pos_T = start + jnp.arange(new_TxHkxDh.shape[0])
+    return tail_RxHkxDh.at[pos_T].set(new_TxHkxDh.astype(tail_RxHkxDh.dtype), mode="drop")
+
+  return jax.vmap(jax.vmap(write))(tail_BxKxRxHkxDh, new_BxKxTxHkxDh, start_BxK)
+
+
+def tails(
+  q_BxKxTxHxDh: jax.Array,
+  prefix_k_BxSxHkxDh: jax.Array,
+  prefix_v_BxSxHkxDh: jax.Array,
+  prefix_len_B: jax.Array,
+  tail_k_BxKxRxHkxDh: jax.Array,
+  tail_v_BxKxRxHkxDh: jax.Array,
+  tail_pos_BxKxT: jax.Array,
+  *,
+  window: int | None,
+  softcap: float | None,
+) -> jax.Array:
+  """Attention of K tails of queries to their row's shared prefix and their own tail.
+
+  Scores against the prefix are one einsum per row over all K*T queries (the prefix is
+  never copied K times); scores against each tail are separate; one softmax covers both.
+
+  Args:
+    q_BxKxTxHxDh: queries (already rotated).
+    prefix_k_BxSxHkxDh: prefix keys; prefix_v_BxSxHkxDh: prefix values.
+    prefix_len_B: valid prefix entries of each row.
+    tail_k_BxKxRxHkxDh: tail keys including the new ones; tail_v_BxKxRxHkxDh: values.
+    tail_pos_BxKxT: the tail slot of every query; it sees tail slots up to this one.
+    window: with a sliding window, a query at position q sees keys at k > q - window only.
+    softcap: the soft-cap of the scores, or None.
+
+  Returns:
+    o_BxKxTxHxDh, the attention output.
+  """
+  b, k, t, h, dh = q_BxKxTxHxDh.shape
+  s = prefix_k_BxSxHkxDh.shape[1]
+  q_BxKxTxHkxGxDh = _group(q_BxKxTxHxDh, prefix_k_BxSxHkxDh.shape[2])
+  f32 = jnp.float32
+  s_pre_BxKxTxHkxGxS = jnp.einsum(
+    "bktngd,bsnd->bktngs", q_BxKxTxHkxGxDh, prefix_k_BxSxHkxDh, preferred_element_type=f32
+  )
+  s_tail_BxKxTxHkxGxR = jnp.einsum(
+    "bktngd,bkrnd->bktngr", q_BxKxTxHkxGxDh, tail_k_BxKxRxHkxDh, preferred_element_type=f32
+  )
+  s_pre_BxKxTxHkxGxS = layers.softcap(s_pre_BxKxTxHkxGxS, softcap)
+  s_tail_BxKxTxHkxGxR = layers.softcap(s_tail_BxKxTxHkxGxR, softcap)
+  # K and T broadcast (size 1) unless a sliding window makes the mask query-dependent.
+  pre_mask_BxKxTxS = (jnp.arange(s) < prefix_len_B[:, None])[:, None, None, :]
+  r = tail_k_BxKxRxHkxDh.shape[2]
+  tail_mask_BxKxTxR = jnp.arange(r) <= tail_pos_BxKxT[..., None]
+  if window is not None:
+    pos_BxKxTx1 = (prefix_len_B[:, None, None] + tail_pos_BxKxT)[..., None]
+    pre_mask_BxKxTxS = pre_mask_BxKxTxS & (pos_BxKxTx1 - jnp.arange(s) < window)
+    tail_mask_BxKxTxR &= tail_pos_BxKxT[..., None] - jnp.arange(r) < window
+  scores = jnp.concatenate(
+    [
+      jnp.where(pre_mask_BxKxTxS[:, :, :, None, None, :], s_pre_BxKxTxHkxGxS, _MASKED),
+      jnp.where(tail_mask_BxKxTxR[:, :, :, None, None, :], s_tail_BxKxTxHkxGxR, _MASKED),
+    ],
+    axis=-1,
+  )
+  p = jax.nn.softmax(scores, axis=-1).astype(prefix_v_BxSxHkxDh.dtype)
+  o_BxKxTxHkxGxDh = jnp.einsum("bktngs,bsnd->bktngd", p[..., :s], prefix_v_BxSxHkxDh)
+  o_BxKxTxHkxGxDh += jnp.einsum("bktngr,bkrnd->bktngd", p[..., s:], tail_v_BxKxRxHkxDh)
+  return o_BxKxTxHkxGxDh.reshape(b, k, t, h, dh)
