@@ -14,11 +14,13 @@ import copy
 import json
 import math
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 FAMILIES = ("llama", "qwen2", "gemma", "gemma2", "gpt2")
 
@@ -319,8 +321,6 @@ def write_tokenizer(directory, num_tokens: int) -> None:
     directory: the checkpoint directory (created if missing).
     num_tokens: the vocabulary size, at least 260.
   """
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
   base = len(SPECIAL_TOKENS) + 256
   if num_tokens < base:
     raise ValueError(f"num_tokens={num_tokens} < {base} (specials + 256 byte symbols)")
@@ -382,7 +382,7 @@ def write_checkpoint(
   num_shards: int = 1,
   tokenizer: bool | int = True,
   extra_tensors: dict[str, np.ndarray] | None = None,
-  drop_tensors=(),
+  drop_tensors: Sequence[str] = (),
   buffers: bool = False,
   redundant_lm_head: bool = False,
   prefix: str = "",
@@ -408,7 +408,8 @@ def write_checkpoint(
       and model.safetensors.index.json.
     tokenizer: write tokenizer.json (True: min(TOKENIZER_SIZE, vocab_size) tokens; an int:
       that many tokens; False: none).
-    extra_tensors: {name: array} written too (cast to dtype), in the last shard.
+    extra_tensors: {name: array} written too (cast to dtype): a new name goes after the
+      layout's (in the last shard), a layout name replaces that tensor (e.g. a wrong shape).
     drop_tensors: names left out (each must be one the layout holds).
     buffers, redundant_lm_head, prefix: as in tensor_shapes.
     scale: multiplies the std of matrices and embeddings.
@@ -439,15 +440,16 @@ def write_checkpoint(
   itemsize = np.dtype(np_dtype).itemsize
 
   def size(name):
-    return itemsize * (math.prod(shapes[name]) if name in shapes else np.size(extra[name]))
+    return itemsize * (np.size(extra[name]) if name in extra else math.prod(shapes[name]))
 
   def value(name):
     if name in extra:
-      return np.asarray(extra[name]).astype(np_dtype)
+      return np.asarray(extra[name]).astype(np_dtype, copy=False)
     if name == "lm_head.weight" and (family == "gpt2" or config.get("tie_word_embeddings", True)):
       embed = "wte.weight" if family == "gpt2" else "model.embed_tokens.weight"
-      return _init(family, config, embed, shapes[name], seed, scale).astype(np_dtype)  # a copy
-    return _init(family, config, name, shapes[name], seed, scale).astype(np_dtype)
+      embed_value = _init(family, config, embed, shapes[name], seed, scale)  # a copy
+      return embed_value.astype(np_dtype, copy=False)
+    return _init(family, config, name, shapes[name], seed, scale).astype(np_dtype, copy=False)
 
   groups = _split(names, [size(n) for n in names], num_shards)
   weights, weight_map = {}, {}

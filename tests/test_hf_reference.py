@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
+from tokenizers.pre_tokenizers import ByteLevel
 
 from tests import hf_checkpoints as hc
 from tests import hf_reference as hr
@@ -181,6 +182,14 @@ def test_sharded_bf16_index_maps_every_tensor(tmp_path):
       np.testing.assert_array_equal(weights[name], single[name])
       total += value.nbytes
   assert index["metadata"]["total_size"] == total
+  # the reference takes the stored bf16 arrays as they load
+  loaded = {}
+  for file in files:
+    loaded.update(load_file(str(tmp_path / "three" / file)))
+  np.testing.assert_array_equal(
+    hr.forward("gemma2", hc.tiny_config("gemma2"), loaded, _tokens()),
+    hr.forward("gemma2", hc.tiny_config("gemma2"), weights, _tokens()),
+  )
   config = json.loads((tmp_path / "three" / "config.json").read_text())
   assert config["torch_dtype"] == "bfloat16"
   # the values returned are the rounded ones: bf16-exact, and not the float32 draw
@@ -240,6 +249,8 @@ def test_tokenizer_and_generation_config(checkpoints):
   assert tokenizer.get_vocab_size() == hc.TOKENIZER_SIZE < config["vocab_size"]
   for i, token in enumerate(hc.SPECIAL_TOKENS):
     assert tokenizer.token_to_id(token) == i
+  byte_ids = [tokenizer.token_to_id(c) for c in ByteLevel.alphabet()]
+  assert sorted(byte_ids) == list(range(len(hc.SPECIAL_TOKENS), len(hc.SPECIAL_TOKENS) + 256))
   for text in ("the quick brown fox, 1234!", "Héllo wörld ✓ — déjà vu\n\ttabs"):
     ids = tokenizer.encode(text, add_special_tokens=False).ids
     assert max(ids) < hc.TOKENIZER_SIZE and tokenizer.decode(ids) == text
@@ -248,6 +259,17 @@ def test_tokenizer_and_generation_config(checkpoints):
   assert gen["bos_token_id"] == hc.BOS_ID and gen["eos_token_id"] == [hc.EOS_ID, hc.EOT_ID]
   gpt2 = json.loads((checkpoints["gpt2"][0] / "generation_config.json").read_text())
   assert gpt2["eos_token_id"] == hc.EOS_ID
+
+
+def test_a_pair_shares_one_tokenizer(tmp_path):
+  """Two checkpoints with different embedding sizes get the same tokenizer.json bytes."""
+  hc.write_checkpoint(tmp_path / "draft", "qwen2", hc.tiny_config("qwen2", num_hidden_layers=1))
+  big = hc.tiny_config("qwen2", vocab_size=336, tie_word_embeddings=False)
+  weights = hc.write_checkpoint(tmp_path / "target", "qwen2", big, seed=1)
+  assert weights["lm_head.weight"].shape == (336, 32)
+  draft, target = ((tmp_path / n / "tokenizer.json").read_bytes() for n in ("draft", "target"))
+  assert draft == target
+  assert hc.write_checkpoint(tmp_path / "none", "gpt2", return_weights=False) == {}
 
 
 @pytest.mark.parametrize("family", hc.FAMILIES)
