@@ -278,7 +278,9 @@ def tensor_shapes(
       shapes[b + "pre_feedforward_layernorm.weight"] = (d,)
       shapes[b + "post_feedforward_layernorm.weight"] = (d,)
   shapes["model.norm.weight"] = (d,)
-  if not config.get("tie_word_embeddings", True) or redundant_lm_head:
+  # transformers' defaults when the key is absent: Llama / Qwen2 untied, Gemma tied
+  tied = config.get("tie_word_embeddings", family in ("gemma", "gemma2"))
+  if not tied or redundant_lm_head:
     shapes["lm_head.weight"] = (v, d)
   return shapes
 
@@ -429,6 +431,8 @@ def write_checkpoint(
   shapes = tensor_shapes(
     family, config, buffers=buffers, redundant_lm_head=redundant_lm_head, prefix=prefix
   )
+  # the layout without the redundant head: an lm_head.weight outside it copies the embedding
+  own = tensor_shapes(family, config, prefix=prefix)
   missing = [name for name in drop_tensors if name not in shapes]
   if missing:
     raise ValueError(f"drop_tensors not in the {family} layout: {missing}")
@@ -445,7 +449,7 @@ def write_checkpoint(
   def value(name):
     if name in extra:
       return np.asarray(extra[name]).astype(np_dtype, copy=False)
-    if name == "lm_head.weight" and (family == "gpt2" or config.get("tie_word_embeddings", True)):
+    if name == "lm_head.weight" and name not in own:
       embed = "wte.weight" if family == "gpt2" else "model.embed_tokens.weight"
       embed_value = _init(family, config, embed, shapes[name], seed, scale)  # a copy
       return embed_value.astype(np_dtype, copy=False)

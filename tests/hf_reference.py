@@ -137,6 +137,9 @@ def _decoder(family, config, w, tokens, drop):
   offset = 1.0 if gemma and drop != "norm_offset" else 0.0
   if family == "qwen2" and config.get("use_sliding_window"):
     raise NotImplementedError("qwen2 use_sliding_window")
+  activation = config.get("hidden_activation") or config.get("hidden_act")
+  if activation not in (("gelu_pytorch_tanh", "gelu") if gemma else ("silu",)):
+    raise NotImplementedError(f"{family} activation {activation!r}")
   embed = w["model.embed_tokens.weight"]
   x = embed[tokens]
   if gemma and drop != "embed_scale":
@@ -187,7 +190,8 @@ def _decoder(family, config, w, tokens, drop):
       m = norm(m, p + "post_feedforward_layernorm.weight")
     x = x + m
   x = norm(x, "model.norm.weight")
-  tied = config.get("tie_word_embeddings", True) or drop == "untied_head"
+  # transformers' defaults when the key is absent: Llama / Qwen2 untied, Gemma tied
+  tied = config.get("tie_word_embeddings", gemma) or drop == "untied_head"
   logits = x @ (embed if tied else w["lm_head.weight"]).T
   cap = config.get("final_logit_softcapping") if family == "gemma2" else None
   if cap is not None and drop != "final_softcap":

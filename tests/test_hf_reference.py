@@ -243,6 +243,13 @@ def test_llama_tied_buffers_extra_and_drop(tmp_path):
     hc.write_checkpoint(tmp_path / "c", "llama", drop_tensors=("not_a_tensor",))
 
 
+def test_absent_tie_key_follows_transformers_defaults():
+  for family, untied in (("llama", True), ("qwen2", True), ("gemma", False), ("gemma2", False)):
+    config = hc.tiny_config(family)
+    del config["tie_word_embeddings"]
+    assert ("lm_head.weight" in hc.tensor_shapes(family, config)) == untied, family
+
+
 def test_tokenizer_and_generation_config(checkpoints):
   directory, config, _ = checkpoints["llama"]
   tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
