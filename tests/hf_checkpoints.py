@@ -199,6 +199,181 @@ def tiny_config(family: str, **overrides) -> dict:
   return config
 
 
+def _llama3(factor: float) -> dict:
+  return {
+    "factor": factor,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+  }
+
+
+_GEMMA2 = {
+  "head_dim": 256,
+  "query_pre_attn_scalar": 256,
+  "sliding_window": 4096,
+  "attn_logit_softcapping": 50.0,
+  "final_logit_softcapping": 30.0,
+  "vocab_size": 256000,
+}
+_GPT2 = {"n_positions": 1024, "n_ctx": 1024, "vocab_size": 50257}
+_QWEN = {"rope_theta": 1e6, "sliding_window": 32768, "max_position_embeddings": 32768}
+
+# The published shapes of the issue's example pairs: (family, config keys, parameter count
+# as the hub reports it). Random weights at real sizes for load and speed measurements.
+HUB_SHAPES: dict[str, tuple[str, dict, int]] = {
+  "SmolLM2-135M": (
+    "llama",
+    dict(
+      hidden_size=576,
+      intermediate_size=1536,
+      num_hidden_layers=30,
+      num_attention_heads=9,
+      num_key_value_heads=3,
+      head_dim=64,
+      vocab_size=49152,
+      tie_word_embeddings=True,
+      rope_theta=100000.0,
+      rope_scaling=None,
+      max_position_embeddings=8192,
+    ),
+    134_515_008,
+  ),
+  "SmolLM2-1.7B": (
+    "llama",
+    dict(
+      hidden_size=2048,
+      intermediate_size=8192,
+      num_hidden_layers=24,
+      num_attention_heads=32,
+      num_key_value_heads=32,
+      head_dim=64,
+      vocab_size=49152,
+      tie_word_embeddings=True,
+      rope_theta=130000.0,
+      rope_scaling=None,
+      max_position_embeddings=8192,
+    ),
+    1_711_376_384,
+  ),
+  "Qwen2.5-0.5B": (
+    "qwen2",
+    dict(
+      hidden_size=896,
+      intermediate_size=4864,
+      num_hidden_layers=24,
+      num_attention_heads=14,
+      num_key_value_heads=2,
+      vocab_size=151936,
+      tie_word_embeddings=True,
+      **_QWEN,
+    ),
+    494_032_768,
+  ),
+  "Qwen2.5-7B": (
+    "qwen2",
+    dict(
+      hidden_size=3584,
+      intermediate_size=18944,
+      num_hidden_layers=28,
+      num_attention_heads=28,
+      num_key_value_heads=4,
+      vocab_size=152064,
+      tie_word_embeddings=False,
+      **_QWEN,
+    ),
+    7_615_616_512,
+  ),
+  "Gemma-2-2B": (
+    "gemma2",
+    dict(
+      hidden_size=2304,
+      intermediate_size=9216,
+      num_hidden_layers=26,
+      num_attention_heads=8,
+      num_key_value_heads=4,
+      max_position_embeddings=8192,
+      **_GEMMA2,
+    ),
+    2_614_341_888,
+  ),
+  "Gemma-2-9B": (
+    "gemma2",
+    dict(
+      hidden_size=3584,
+      intermediate_size=14336,
+      num_hidden_layers=42,
+      num_attention_heads=16,
+      num_key_value_heads=8,
+      max_position_embeddings=8192,
+      **_GEMMA2,
+    ),
+    9_241_705_984,
+  ),
+  "Llama-3.2-1B": (
+    "llama",
+    dict(
+      hidden_size=2048,
+      intermediate_size=8192,
+      num_hidden_layers=16,
+      num_attention_heads=32,
+      num_key_value_heads=8,
+      head_dim=64,
+      vocab_size=128256,
+      tie_word_embeddings=True,
+      rope_theta=500000.0,
+      rope_scaling=_llama3(32.0),
+      max_position_embeddings=131072,
+    ),
+    1_235_814_400,
+  ),
+  "Llama-3.1-8B": (
+    "llama",
+    dict(
+      hidden_size=4096,
+      intermediate_size=14336,
+      num_hidden_layers=32,
+      num_attention_heads=32,
+      num_key_value_heads=8,
+      head_dim=128,
+      vocab_size=128256,
+      tie_word_embeddings=False,
+      rope_theta=500000.0,
+      rope_scaling=_llama3(8.0),
+      max_position_embeddings=131072,
+    ),
+    8_030_261_248,
+  ),
+  "GPT-2": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, **_GPT2), 124_439_808),
+  "GPT-2-XL": ("gpt2", dict(n_embd=1600, n_layer=48, n_head=25, **_GPT2), 1_557_611_200),
+}
+
+
+def hub_config(name: str, **overrides) -> tuple[str, dict]:
+  """(family, config) with the shapes of a published model (a key of HUB_SHAPES).
+
+  Only the sizes, RoPE and caps are the model's; token ids stay the test tokenizer's, so
+  write_checkpoint(directory, *hub_config(name), return_weights=False) writes a random
+  checkpoint of the real size.
+
+  Args:
+    name: e.g. "Llama-3.2-1B".
+    **overrides: config keys to set after the model's (e.g. num_hidden_layers=2).
+  Returns:
+    (family, config dict).
+  """
+  if name not in HUB_SHAPES:
+    raise ValueError(f"unknown model {name!r}; expected one of {tuple(HUB_SHAPES)}")
+  family, keys, _ = HUB_SHAPES[name]
+  return family, tiny_config(family, **{**keys, **overrides})
+
+
+def parameter_count(family: str, config: dict) -> int:
+  """The number of parameters of the layout (no buffers, no redundant lm_head)."""
+  return sum(math.prod(shape) for shape in tensor_shapes(family, config).values())
+
+
 def _decoder_dims(config: dict) -> tuple[int, int, int, int, int]:
   d = config["hidden_size"]
   h = config["num_attention_heads"]

@@ -243,6 +243,12 @@ def test_llama_tied_buffers_extra_and_drop(tmp_path):
     hc.write_checkpoint(tmp_path / "c", "llama", drop_tensors=("not_a_tensor",))
 
 
+@pytest.mark.parametrize("name", list(hc.HUB_SHAPES))
+def test_hub_shapes_have_the_published_parameter_counts(name):
+  family, config = hc.hub_config(name)
+  assert hc.parameter_count(family, config) == hc.HUB_SHAPES[name][2]
+
+
 def test_absent_tie_key_follows_transformers_defaults():
   for family, untied in (("llama", True), ("qwen2", True), ("gemma", False), ("gemma2", False)):
     config = hc.tiny_config(family)
