@@ -7,7 +7,10 @@ ARG (comma-separated, see `configs.common.parse_arg`):
   runlocal         the grid and prompt set shrunk for a 2-core CPU (the main job);
   test             the tiny test pair and a 6-cell grid (seconds; used by the tests);
   source=NAME      the data of the pair: embedded (default), lm1b_text or tfds;
-  path=DIR         the LM1B text directory (lm1b_text) or TFDS data_dir (tfds).
+  path=DIR         the LM1B text directory (lm1b_text) or TFDS data_dir (tfds);
+  pair=NAME,draft_dir=DIR,target_dir=DIR
+                   an open-weight pair instead of the embedded one (configs/pretrained.py:
+                   smollm2, qwen2.5, llama3, gemma2, gpt2 or any two directories).
 Each source has its own pair ($SPECTR_WORKDIR/draft-<source>, ...; the embedded pair is
 $SPECTR_WORKDIR/draft and /target). A missing pair is an error naming the command that
 trains it, unless --config.pair.train_missing=True (the main job, scripts/reproduce.sh,
@@ -16,7 +19,7 @@ passes it).
 
 import ml_collections
 
-from configs import common, draft, target
+from configs import common, draft, pretrained, target
 from spectr_jax import config as config_lib
 
 # The paper's methods, the optimal verifier and the block-level verifiers
@@ -30,7 +33,9 @@ METHODS = tuple(
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the sweep config (`spectr_jax.config.SweepConfig.from_dict` converts it)."""
-  arg = common.parse_arg(arg, runlocal=False, test=False, source="embedded", path="")
+  arg = common.parse_arg(
+    arg, runlocal=False, test=False, source="embedded", path="", **pretrained.ARGS
+  )
   pair_arg = "test" if arg.test else f"source={arg.source},path={arg.path}"
   suffix = "-test" if arg.test else ("" if arg.source == "embedded" else f"-{arg.source}")
   c = ml_collections.ConfigDict()
@@ -76,4 +81,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.decoding.max_new_tokens = 6
     c.batch_size = 2
     c.compilation_cache = ""
+  if arg.pair:
+    pretrained.apply(c, arg)
   return c

@@ -32,7 +32,7 @@ from spectr_jax.config import (
   SweepConfig,
   rhos_for,
 )
-from spectr_jax.data import EOS_ID, PAD_ID, Prompts, make_prompts
+from spectr_jax.data import EOS_ID, RESERVED, Prompts, SpecialIds, make_prompts
 from spectr_jax.models import ModelBundle
 
 _VALID_TOL = 1e-6
@@ -67,7 +67,7 @@ class Trajectories(NamedTuple):
 
 @functools.partial(jax.jit, static_argnames=("num_tokens", "top_k"))
 def distributions(draft, target, tokens_BxW, lengths_B, num_tokens, temperature, top_k=None,
-                  top_p=None):  # fmt: skip
+                  top_p=None, eos_ids_A=None):  # fmt: skip
   """p and q before each of the T sampled tokens, and which of them are in the sentence.
 
   Args:
@@ -76,6 +76,7 @@ def distributions(draft, target, tokens_BxW, lengths_B, num_tokens, temperature,
     lengths_B: prompt lengths.
     num_tokens: T, samples per row.
     temperature, top_k, top_p: the sampling transforms (as in `engine.generate`).
+    eos_ids_A: int32 stop tokens that end the sentence (default: EOS_ID).
 
   Returns:
     (p_BxTxV, q_BxTxV, in_sentence_BxT).
@@ -88,7 +89,9 @@ def distributions(draft, target, tokens_BxW, lengths_B, num_tokens, temperature,
     for m in (draft, target)
   )
   sampled_BxT = jnp.take_along_axis(tokens_BxW, pos_BxT + 1, axis=1)
-  eos_before_BxT = jnp.cumsum(sampled_BxT == EOS_ID, axis=1) - (sampled_BxT == EOS_ID)
+  eos_ids_A = jnp.asarray([EOS_ID] if eos_ids_A is None else eos_ids_A, jnp.int32)
+  is_eos_BxT = jnp.any(sampled_BxT[..., None] == eos_ids_A, axis=-1)
+  eos_before_BxT = jnp.cumsum(is_eos_BxT, axis=1) - is_eos_BxT
   return p_BxTxV, q_BxTxV, eos_before_BxT == 0
 
 
@@ -102,6 +105,7 @@ def collect_trajectories(
   top_k: int | None = None,
   top_p: float | None = None,
   prompt_ids: jax.Array | None = None,
+  special: SpecialIds = RESERVED,
 ) -> Trajectories:
   """Samples T tokens after each prompt from the target and records (p, q) along them.
 
@@ -113,6 +117,7 @@ def collect_trajectories(
     key: PRNG key; row b uses fold_in(key, prompt_ids[b]) as in `engine.generate`.
     temperature, top_k, top_p: the sampling transforms, also applied to p and q.
     prompt_ids: B ints naming the prompts for the randomness (default 0..B-1).
+    special: the pair's PAD (fills the samples' rows) and EOS ids (end the sentence).
 
   Returns:
     The trajectories (device arrays).
@@ -133,7 +138,7 @@ def collect_trajectories(
   b, width = prompts.tokens_BxT.shape
   lengths_B = jnp.asarray(prompts.lengths_B, jnp.int32)
   tokens_BxW = (
-    jnp.full((b, width + num_tokens), PAD_ID, jnp.int32)
+    jnp.full((b, width + num_tokens), special.pad, jnp.int32)
     .at[:, :width]
     .set(jnp.asarray(prompts.tokens_BxT, jnp.int32))
   )
@@ -141,7 +146,7 @@ def collect_trajectories(
   tokens_BxW = tokens_BxW.at[jnp.arange(b)[:, None], pos_BxT].set(out.tokens_BxT)
   p_BxTxV, q_BxTxV, in_sentence_BxT = distributions(
     draft, target, tokens_BxW, lengths_B, num_tokens, jnp.float32(temperature), top_k,
-    None if top_p is None else jnp.float32(top_p),
+    None if top_p is None else jnp.float32(top_p), jnp.asarray(special.eos, jnp.int32),
   )  # fmt: skip
   return Trajectories(tokens_BxW, p_BxTxV, q_BxTxV, in_sentence_BxT)
 
@@ -224,6 +229,7 @@ def _chunk_positions(pair: pairs.Pair, prompts: Prompts, rows: slice, config, se
     sampling_args["top_k"],
     sampling_args["top_p"],
     prompt_ids=jnp.arange(rows.start, rows.stop, dtype=jnp.int32),
+    special=pair.special,
   )
   keep_BxT = np.asarray(traj.in_sentence_BxT) | (not decoding.stop_at_eos)
   return np.asarray(traj.p_BxTxV)[keep_BxT], np.asarray(traj.q_BxTxV)[keep_BxT]
@@ -242,7 +248,9 @@ def rho_ablation(pair: pairs.Pair, sweep: SweepConfig, config: AnalysisConfig) -
     rows for each K}.
   """
   seed, decoding = sweep.seeds[0], sweep.decoding
-  prompts = make_prompts(pair.heldout, decoding.num_prompts, decoding.prompt_len, seed)
+  prompts = make_prompts(
+    pair.heldout, decoding.num_prompts, decoding.prompt_len, seed, pair.special
+  )
   per_k = {k: [] for k in config.num_drafts}
   for start in range(0, config.num_prompts, config.batch_size):
     rows = slice(start, min(start + config.batch_size, config.num_prompts))

@@ -8,7 +8,7 @@ reads a ConfigDict.
   TrainConfig        one training run (model, data, optimizer, logistics).
   PairConfig         where a draft/target pair comes from: "embedded" (trained by this
                      repository from two TrainConfigs), "trained" (existing run
-                     directories) or "pretrained" (checkpoint directories; not yet).
+                     directories) or "pretrained" (Hugging Face checkpoint directories).
   DecodeSettings     how prompts are drawn and decoded (shared by sweep, cell and bench).
   SweepConfig        a decoding sweep: a pair, the grid and the decoding settings.
   AnalysisConfig     the per-position part of the rho ablation.
@@ -130,12 +130,20 @@ class PairConfig:
   Attributes:
     kind: "embedded": the pair this repository trains from `draft` and `target` (a run of
       another config in a workdir is an error); "trained": existing run directories, read
-      as they are; "pretrained": checkpoint directories of published models (not yet).
-    draft_workdir, target_workdir: the two directories (relative to $SPECTR_WORKDIR
-      unless absolute).
+      as they are; "pretrained": Hugging Face checkpoint directories (config.json,
+      safetensors, tokenizer.json; docs/MODELS.md), never trained.
+    draft_workdir, target_workdir: the two directories ("embedded" and "trained":
+      relative to $SPECTR_WORKDIR unless absolute; "pretrained": relative to the
+      current directory unless absolute).
     draft, target: the training configs ("embedded" only).
     train_missing: train an "embedded" model whose final checkpoint is missing (else a
       missing model is an error that names the command that trains it).
+    dtype: "pretrained" only: the parameter and compute dtype ("" = as stored).
+    max_len: "pretrained" only: the KV-cache capacity S (0 = the loader's default).
+    text: "pretrained" only: the source of the held-out sentences that prompts start
+      (a `DataConfig.source`: "embedded", "lm1b_text" or "tfds"), tokenized by the
+      pair's tokenizer.
+    text_path: the directory of that source ("lm1b_text", "tfds").
   """
 
   kind: str
@@ -144,6 +152,10 @@ class PairConfig:
   draft: TrainConfig | None = None
   target: TrainConfig | None = None
   train_missing: bool = False
+  dtype: str = ""
+  max_len: int = 0
+  text: str = "embedded"
+  text_path: str = ""
 
   def __post_init__(self):
     if self.kind not in PAIR_KINDS:
@@ -152,6 +164,12 @@ class PairConfig:
       raise ValueError("an 'embedded' pair needs the draft and target training configs")
     if self.train_missing and self.kind != "embedded":
       raise ValueError(f"train_missing needs an 'embedded' pair, not {self.kind!r}")
+    if self.kind == "pretrained" and not (self.draft_workdir and self.target_workdir):
+      raise ValueError(
+        "a 'pretrained' pair needs both checkpoint directories: "
+        "--config.pair.draft_workdir=DIR --config.pair.target_workdir=DIR"
+      )
+    _integers("max_len", [self.max_len], 0)
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "PairConfig":
@@ -167,12 +185,18 @@ class PairConfig:
   @property
   def workdirs(self) -> tuple[pathlib.Path, pathlib.Path]:
     """The draft's and the target's directories, resolved."""
-    return resolve(self.draft_workdir), resolve(self.target_workdir)
+    given = (self.draft_workdir, self.target_workdir)
+    if self.kind == "pretrained":
+      draft, target = (pathlib.Path(d).expanduser().absolute() for d in given)
+      return draft, target
+    return resolve(given[0]), resolve(given[1])
 
   def model_configs(self) -> list[ModelConfig]:
     """The models' configs as far as known before loading: from the run folders'
     config.json where they exist, else from the training configs (none for pretrained)."""
     found = []
+    if self.kind == "pretrained":
+      return []
     for workdir, train in zip(self.workdirs, (self.draft, self.target), strict=True):
       train = saved_train_config(workdir) or train
       if train is not None:
@@ -221,14 +245,18 @@ class DecodeSettings:
     """Builds the settings from a mapping (a `ConfigDict.to_dict()`)."""
     return cls(**_known(cls, values))
 
-  def sampling_args(self) -> dict[str, Any]:
+  def sampling_args(self, eos_ids: Sequence[int] = (EOS_ID,)) -> dict[str, Any]:
     """The `engine.generate` arguments these settings fix: temperature, top_k, top_p,
-    eos_id (None where there is no truncation or no stop token)."""
+    eos_id (None where there is no truncation or no stop token).
+
+    Args:
+      eos_ids: the pair's stop tokens (`Pair.special.eos`).
+    """
     return dict(
       temperature=self.temperature,
       top_k=self.top_k or None,
       top_p=None if self.top_p >= 1 else self.top_p,
-      eos_id=EOS_ID if self.stop_at_eos else None,
+      eos_id=tuple(eos_ids) if self.stop_at_eos else None,
     )
 
 

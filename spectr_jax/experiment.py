@@ -149,7 +149,9 @@ def run_cell(
     efficiency, and the timing of the warm-up and of the timed batches.
   """
   settings = cell.decoding
-  prompts = make_prompts(pair.heldout, settings.num_prompts, settings.prompt_len, cell.seed)
+  prompts = make_prompts(
+    pair.heldout, settings.num_prompts, settings.prompt_len, cell.seed, pair.special
+  )
   starts = range(0, settings.num_prompts, batch_size)
 
   def decode(start):
@@ -167,7 +169,7 @@ def run_cell(
       rho="star" if cell.rho is None else cell.rho,
       prompt_ids=jnp.asarray(index, jnp.int32),
       mesh=mesh,
-      **settings.sampling_args(),
+      **settings.sampling_args(pair.special.eos),
     )
     return jax.block_until_ready(out)
 

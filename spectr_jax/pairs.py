@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spectr_jax import runs, train
 from spectr_jax.config import PairConfig
-from spectr_jax.data import TokenizedSplit
+from spectr_jax.data import RESERVED, SpecialIds, TokenizedSplit
 from spectr_jax.models import ModelBundle, count_params
 
 
@@ -35,6 +35,7 @@ class Pair:
     fingerprint: hash of both models' parameters and the held-out text; part of every
       cell key, so results of other models are never mistaken for these.
     description: JSON-able facts about the pair (workdirs, sizes) for the provenance.
+    special: the tokenizer's BOS, EOS and PAD ids that prompts and stops use.
   """
 
   draft: ModelBundle
@@ -42,6 +43,7 @@ class Pair:
   heldout: TokenizedSplit
   fingerprint: str
   description: dict[str, Any]
+  special: SpecialIds = RESERVED
 
   @property
   def cost_ratio(self) -> float:

@@ -1,6 +1,8 @@
-"""Tokenizer, text sources (embedded BBC News, LM1B text, TFDS lm1b), batches and prompts."""
+"""Tokenizers (SentencePiece, Hugging Face), text sources (embedded BBC News, LM1B text,
+TFDS lm1b), batches and prompts."""
 
 from spectr_jax.data.config import DataConfig, default_workdir
+from spectr_jax.data.hf_tokenizer import HFTokenizer
 from spectr_jax.data.pipeline import (
   Dataset,
   TokenizedSplit,
@@ -15,7 +17,9 @@ from spectr_jax.data.tokenizer import (
   BOS_ID,
   EOS_ID,
   PAD_ID,
+  RESERVED,
   UNK_ID,
+  SpecialIds,
   Tokenizer,
   load_or_train_tokenizer,
   train_tokenizer,
@@ -25,11 +29,14 @@ __all__ = [
   "BOS_ID",
   "EOS_ID",
   "PAD_ID",
+  "RESERVED",
   "SOURCES",
+  "SpecialIds",
   "UNK_ID",
   "DataConfig",
   "DataError",
   "Dataset",
+  "HFTokenizer",
   "Prompts",
   "SplitText",
   "TokenizedSplit",

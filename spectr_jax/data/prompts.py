@@ -6,7 +6,7 @@ import numpy as np
 
 from spectr_jax.data.pipeline import TokenizedSplit
 from spectr_jax.data.sources import DataError
-from spectr_jax.data.tokenizer import BOS_ID, PAD_ID
+from spectr_jax.data.tokenizer import RESERVED, SpecialIds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -14,7 +14,8 @@ class Prompts:
   """Right-padded prompts.
 
   Attributes:
-    tokens_BxT: int32 [B, prompt_len + 1]: BOS, then the first ids of a sentence, then PAD.
+    tokens_BxT: int32 [B, prompt_len + 1]: BOS, then the first ids of a sentence, then PAD
+      ([B, prompt_len] without BOS, for tokenizers that have none).
     lengths_B: int32 [B]: tokens of each prompt, BOS included.
     sentence_index_B: int64 [B]: which held-out sentence each prompt starts.
   """
@@ -24,7 +25,13 @@ class Prompts:
   sentence_index_B: np.ndarray
 
 
-def make_prompts(heldout: TokenizedSplit, num_prompts: int, prompt_len: int, seed: int) -> Prompts:
+def make_prompts(
+  heldout: TokenizedSplit,
+  num_prompts: int,
+  prompt_len: int,
+  seed: int,
+  special: SpecialIds = RESERVED,
+) -> Prompts:
   """Takes BOS plus the first `prompt_len` ids of held-out sentences drawn by `seed`.
 
   Sentences are drawn without replacement among those with at least one id; a sentence
@@ -35,6 +42,7 @@ def make_prompts(heldout: TokenizedSplit, num_prompts: int, prompt_len: int, see
     num_prompts: B, the number of prompts.
     prompt_len: ids taken from each sentence, at most.
     seed: selects the sentences; the same seed gives the same prompts.
+    special: the tokenizer's BOS (None: no BOS) and PAD ids.
 
   Returns:
     The prompts.
@@ -45,11 +53,13 @@ def make_prompts(heldout: TokenizedSplit, num_prompts: int, prompt_len: int, see
   if num_prompts > len(candidates):
     raise DataError(f"asked for {num_prompts} prompts, only {len(candidates)} held-out sentences")
   chosen = np.random.default_rng(seed).choice(candidates, size=num_prompts, replace=False)
-  tokens = np.full((num_prompts, prompt_len + 1), PAD_ID, np.int32)
-  tokens[:, 0] = BOS_ID
+  start = 0 if special.bos is None else 1
+  tokens = np.full((num_prompts, start + prompt_len), special.pad, np.int32)
+  if special.bos is not None:
+    tokens[:, 0] = special.bos
   lengths = np.empty(num_prompts, np.int32)
   for b, i in enumerate(chosen):
     ids = heldout.sentence(int(i))[:prompt_len]
-    tokens[b, 1 : 1 + len(ids)] = ids
-    lengths[b] = 1 + len(ids)
+    tokens[b, start : start + len(ids)] = ids
+    lengths[b] = start + len(ids)
   return Prompts(tokens_BxT=tokens, lengths_B=lengths, sentence_index_B=chosen.astype(np.int64))

@@ -4,6 +4,7 @@ Reserved ids (the same for every vocabulary size): `PAD_ID = 0` pads rows and pr
 `UNK_ID = 1`, `BOS_ID = 2` starts every sentence, `EOS_ID = 3` ends it.
 """
 
+import dataclasses
 import io
 import pathlib
 from collections.abc import Sequence
@@ -20,8 +21,28 @@ EOS_ID = 3
 _SPM_SEED = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+  """The ids a pair's data and decoding treat specially.
+
+  Attributes:
+    bos: starts every prompt (None: the tokenizer has no BOS, prompts start with text).
+    eos: the stop tokens (any of them ends a row; several for Llama 3 and Gemma).
+    pad: right-pads prompts and rows.
+  """
+
+  bos: int | None = BOS_ID
+  eos: tuple[int, ...] = (EOS_ID,)
+  pad: int = PAD_ID
+
+
+RESERVED = SpecialIds()  # The reserved ids of every SentencePiece tokenizer here.
+
+
 class Tokenizer:
   """A SentencePiece model with the reserved ids above."""
+
+  special = RESERVED
 
   def __init__(self, model_proto: bytes):
     """Builds the tokenizer from a serialized SentencePiece model."""

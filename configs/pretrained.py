@@ -1,0 +1,61 @@
+"""Open-weight draft/target pairs: the ARG items `pair=NAME,draft_dir=DIR,target_dir=DIR`.
+
+Any sweep config takes them (`configs/lm1b_spectr.py`, `configs/rho_ablation.py`):
+
+  python -m experiments.sweep --config \\
+    configs/lm1b_spectr.py:pair=qwen2.5,draft_dir=/ckpt/Qwen2.5-0.5B,target_dir=/ckpt/Qwen2.5-7B
+
+The directories are Hugging Face checkpoints the user brings (config.json, safetensors,
+tokenizer.json; nothing is downloaded); relative paths are relative to the current
+directory, and without draft_dir / target_dir they default to models/<name> below it.
+A pretrained pair is never trained. Prompts are the starts of the embedded held-out news
+sentences (or the sweep's source=...), tokenized by the pair's tokenizer. Sizes are for
+one accelerator of the memory named in each entry (docs/EXPERIMENTS.md has the memory
+arithmetic); `pair=pretrained` takes any two directories with the generic sizes.
+"""
+
+from typing import Any
+
+import ml_collections
+
+# name: (draft, target, what the sizes below are meant for, batch size, cache capacity S).
+PAIRS: dict[str, tuple[str, str, str, int, int]] = {
+  "smollm2": ("SmolLM2-135M", "SmolLM2-1.7B", "one 16 GB GPU", 64, 256),
+  "qwen2.5": ("Qwen2.5-0.5B", "Qwen2.5-7B", "one 40 GB GPU", 32, 256),
+  "llama3": ("Llama-3.2-1B", "Llama-3.1-8B", "one 40 GB GPU", 32, 256),
+  "gemma2": ("gemma-2-2b", "gemma-2-9b", "one 80 GB GPU (256k vocabulary)", 16, 256),
+  "gpt2": ("gpt2", "gpt2-xl", "one 16 GB GPU", 64, 256),
+  "pretrained": ("draft", "target", "one 40 GB GPU", 32, 256),
+}
+ARGS: dict[str, Any] = dict(pair="", draft_dir="", target_dir="")
+
+
+def apply(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
+  """Turns sweep config `c` into a sweep over the pretrained pair `arg.pair` (in place).
+
+  Args:
+    c: a sweep ConfigDict (`configs/lm1b_spectr.py`).
+    arg: the parsed ARG with `pair`, `draft_dir`, `target_dir`, `source`, `path`,
+      `runlocal`, `test`.
+  """
+  if arg.pair not in PAIRS:
+    raise ValueError(f"unknown pretrained pair {arg.pair!r}; known: {', '.join(PAIRS)}")
+  draft, target, _, batch_size, max_len = PAIRS[arg.pair]
+  c.name += f"-{arg.pair}"  # Results of each pair in their own folder.
+  c.pair = ml_collections.ConfigDict()
+  c.pair.kind = "pretrained"  # Hugging Face checkpoint directories, never trained.
+  c.pair.draft_workdir = arg.draft_dir or f"models/{draft}"  # The draft's checkpoint dir.
+  c.pair.target_workdir = arg.target_dir or f"models/{target}"  # The target's checkpoint dir.
+  c.pair.train_missing = False  # Nothing is trained for a pretrained pair.
+  c.pair.dtype = ""  # Parameter / compute dtype ("" = as stored, bf16 for these models).
+  c.pair.max_len = max_len  # KV-cache capacity S: prompt + new tokens + L + 1 must fit.
+  c.pair.text = arg.source  # Held-out sentences that prompts start (tokenized here).
+  c.pair.text_path = arg.path  # Their directory (lm1b_text / tfds).
+  c.decoding.prompt_len = 16  # Prompt tokens after BOS (subword tokenizers split finer).
+  c.batch_size = batch_size  # Prompts per engine call (a 256k vocabulary takes fewer).
+  if arg.runlocal or arg.test:  # CPU: tiny test checkpoints, a few cells in seconds.
+    c.pair.max_len = 128
+    c.methods = ("autoregressive", "sd", "kseq")
+    c.num_drafts = (1, 4) if arg.runlocal else (1, 2)
+    c.draft_lens = (4,) if arg.runlocal else (2,)
+    c.batch_size = min(c.batch_size, 8)
