@@ -29,20 +29,24 @@ from spectr_jax.models.config import (
   get_model_config,
   model_config_names,
 )
+from spectr_jax.models.pretrained import CheckpointFormatError, config_from_hf, load_pretrained
 from spectr_jax.models.transformer import Transformer
 
 __all__ = [
+  "CheckpointFormatError",
   "KVCache",
   "ModelBundle",
   "ModelConfig",
   "RopeScaling",
   "Transformer",
   "commit",
+  "config_from_hf",
   "count_params",
   "expected_num_params",
   "get_model_config",
   "init_cache",
   "init_params",
+  "load_pretrained",
   "model_config_names",
   "reset_tails",
   "rollback",
