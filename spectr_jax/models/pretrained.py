@@ -218,7 +218,7 @@ def config_from_hf(
   if hf.get("quantization_config"):
     raise _unsupported("quantized checkpoints (quantization_config)")
   fields = _gpt2_fields(hf) if model_type == "gpt2" else _llama_like_fields(hf, model_type)
-  positions = _get(hf, "n_positions" if model_type == "gpt2" else "max_position_embeddings")
+  positions = fields.get("num_positions") or _get(hf, "max_position_embeddings")
   if max_len is None:
     max_len = min(positions, DEFAULT_MAX_LEN)
   if not 1 <= max_len <= positions:
