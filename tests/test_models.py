@@ -16,6 +16,7 @@ from spectr_jax.models import (
   KVCache,
   ModelBundle,
   ModelConfig,
+  RopeScaling,
   Transformer,
   commit,
   count_params,
@@ -136,6 +137,48 @@ def test_unknown_config_name_lists_the_known_names():
 def test_config_rejects_bad_head_split():
   with pytest.raises(ValueError, match="multiple of num_kv_heads"):
     _config(num_kv_heads=3)
+
+
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
+    (dict(post_norms=True), "post_norms needs sequential blocks"),
+    (dict(positions="learned"), "num_positions is given exactly when"),
+    (dict(num_positions=16), "num_positions is given exactly when"),
+    (dict(positions="learned", num_positions=16, rope_scaling=RopeScaling(8, 1, 4, 16)), "rope"),
+    (dict(norm="batchnorm"), "norm must be one of"),
+    (dict(sliding_window_layers="odd"), "sliding_window_layers must be one of"),
+    (dict(attn_softcap=0.0), "attn_softcap must be positive"),
+    (dict(head_dim=7), "head_dim must be even"),
+  ],
+)
+def test_config_rejects_bad_family_combinations(overrides, message):
+  with pytest.raises(ValueError, match=message):
+    _config(num_kv_heads=2, **overrides)
+  with pytest.raises(ValueError, match="high_freq_factor > low_freq_factor"):
+    RopeScaling(factor=8, low_freq_factor=4, high_freq_factor=4, original_max_len=16)
+
+
+@pytest.mark.parametrize(
+  "overrides",
+  [
+    dict(block="sequential", norm="layernorm", mlp="gelu", positions="learned", num_positions=9,
+         qkv_bias=True, out_bias=True, mlp_bias=True),
+    dict(block="sequential", norm="rms_offset", mlp="geglu", post_norms=True, embed_scale=True,
+         tied_embedding=False, mlp_bias=True, head_dim=6),
+  ],
+  ids=["gpt2-like", "gemma2-like"],
+)  # fmt: skip
+def test_family_parameter_counts_have_the_closed_form(overrides):
+  config = _config(num_kv_heads=2, **overrides)
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+  assert count_params(shapes) == expected_num_params(config)
+
+
+def test_sliding_window_layers():
+  config = _config(num_kv_heads=2, num_layers=3, sliding_window=4, sliding_window_layers="even")
+  assert [config.layer_window(n) for n in range(3)] == [4, None, 4]
+  assert _config(num_kv_heads=2, sliding_window=4).layer_window(1) == 4
 
 
 def test_overrides_replace_named_fields():
