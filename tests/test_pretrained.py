@@ -210,6 +210,13 @@ def test_max_len_is_the_cache_capacity():
     load_pretrained(directory, max_len=65)
 
 
+def test_learned_positions_past_the_table_read_its_last_row():
+  bundle, _ = _loaded("gpt2")  # n_positions = 64
+  tokens_1xT = np.random.default_rng(2).integers(0, 320, (1, 70)).astype(np.int32)
+  logits = bundle.model.apply({"params": bundle.params}, jnp.asarray(tokens_1xT))
+  assert bool(jnp.all(jnp.isfinite(logits)))  # jnp.take would have filled NaN
+
+
 def test_output_vocab_size_restricts_a_loaded_model():
   bundle, logits = _loaded("gemma2")
   cut = bundle.replace(config=dataclasses.replace(bundle.config, output_vocab_size=300))

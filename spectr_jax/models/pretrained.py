@@ -431,20 +431,24 @@ def load_pretrained(
   stored = _match(files, prefix, tensors, config.tied_embedding)
   np_dtype = _DTYPES[config.dtype]
   flat = {}
-  with contextlib.ExitStack() as stack:
-    handles = {
+  with contextlib.ExitStack() as stack:  # headers only: no tensor data is read here
+    headers = {
       file: stack.enter_context(safe_open(file, framework="numpy"))
       for file in sorted(set(files.values()))
     }
     for t in tensors:
       name = stored[t.name]
-      shape = tuple(handles[files[name]].get_slice(name).get_shape())
+      shape = tuple(headers[files[name]].get_slice(name).get_shape())
       if shape != t.shape:
         raise CheckpointFormatError(
           f"tensor {name!r} in {files[name].name} has shape {shape}; config.json implies {t.shape}"
         )
-    for t in tensors:
-      name = stored[t.name]
-      for param_path, value in t.convert(handles[files[name]].get_tensor(name)).items():
-        flat[param_path] = jax.device_put(np.asarray(value, np_dtype))
+  for t in tensors:
+    name = stored[t.name]
+    # One open per tensor: closing unmaps the file, so its pages leave this process.
+    with safe_open(files[name], framework="numpy") as f:
+      stored_array = f.get_tensor(name)
+    for param_path, value in t.convert(stored_array).items():
+      flat[param_path] = jax.device_put(np.asarray(value, np_dtype))
+    del stored_array
   return ModelBundle(config=config, params=traverse_util.unflatten_dict(flat))
