@@ -203,11 +203,13 @@ def test_gpt2_prefix_buffers_and_redundant_head_are_accepted():
 
 
 def test_max_len_is_the_cache_capacity():
-  directory = _checkpoint("qwen2")[0]
-  assert load_pretrained(directory).config.max_len == 64  # max_position_embeddings
-  assert load_pretrained(directory, max_len=20).config.max_len == 20
+  qwen2 = hf_checkpoints.tiny_config("qwen2")  # max_position_embeddings 64
+  assert config_from_hf(qwen2).max_len == 64
+  assert config_from_hf(qwen2, max_len=20).max_len == 20
+  assert config_from_hf(qwen2, max_len=128).max_len == 128  # RoPE extrapolates
+  assert config_from_hf(hf_checkpoints.hub_config("GPT-2")[1]).max_len == 1024
   with pytest.raises(CheckpointFormatError, match=r"max_len 65 must lie in \[1, 64\]"):
-    load_pretrained(directory, max_len=65)
+    config_from_hf(hf_checkpoints.tiny_config("gpt2"), max_len=65)  # n_positions 64
 
 
 def test_learned_positions_past_the_table_read_its_last_row():

@@ -199,7 +199,8 @@ def config_from_hf(
   Args:
     hf: the parsed config.json.
     dtype: the compute (and parameter) dtype; None = the checkpoint's torch_dtype.
-    max_len: S, the KV-cache capacity; None = min(max_position_embeddings, DEFAULT_MAX_LEN).
+    max_len: S, the KV-cache capacity; None = min(max_position_embeddings, DEFAULT_MAX_LEN);
+      past max_position_embeddings RoPE models extrapolate, GPT-2 refuses.
 
   Returns:
     The config (logits over all vocab_size embedding rows; restrict with output_vocab_size).
@@ -221,9 +222,11 @@ def config_from_hf(
   positions = fields.get("num_positions") or _get(hf, "max_position_embeddings")
   if max_len is None:
     max_len = min(positions, DEFAULT_MAX_LEN)
-  if not 1 <= max_len <= positions:
+  # RoPE extrapolates past the trained context (at the user's word); a table cannot.
+  limit = positions if model_type == "gpt2" else max_len
+  if not 1 <= max_len <= limit:
     raise CheckpointFormatError(
-      f"max_len {max_len} must lie in [1, {positions}] (the checkpoint's positions)"
+      f"max_len {max_len} must lie in [1, {limit}] (GPT-2's n_positions: its position table)"
     )
   try:
     return ModelConfig(max_len=max_len, dtype=_dtype_name(hf, dtype), **fields)
