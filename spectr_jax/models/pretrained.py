@@ -222,11 +222,12 @@ def config_from_hf(
   positions = fields.get("num_positions") or _get(hf, "max_position_embeddings")
   if max_len is None:
     max_len = min(positions, DEFAULT_MAX_LEN)
+  if max_len < 1:
+    raise CheckpointFormatError(f"max_len must be >= 1, got {max_len}")
   # RoPE extrapolates past the trained context (at the user's word); a table cannot.
-  limit = positions if model_type == "gpt2" else max_len
-  if not 1 <= max_len <= limit:
+  if model_type == "gpt2" and max_len > positions:
     raise CheckpointFormatError(
-      f"max_len {max_len} must lie in [1, {limit}] (GPT-2's n_positions: its position table)"
+      f"max_len {max_len} exceeds GPT-2's n_positions = {positions} (its position table)"
     )
   try:
     return ModelConfig(max_len=max_len, dtype=_dtype_name(hf, dtype), **fields)
