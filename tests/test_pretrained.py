@@ -220,7 +220,7 @@ def test_max_len_is_the_cache_capacity():
 def test_learned_positions_past_the_table_read_its_last_row():
   bundle, _ = _loaded("gpt2")  # n_positions = 64
   tokens_1xT = np.random.default_rng(2).integers(0, 320, (1, 70)).astype(np.int32)
-  logits = bundle.model.apply({"params": bundle.params}, jnp.asarray(tokens_1xT))
+  logits = jax.jit(bundle.model.apply)({"params": bundle.params}, jnp.asarray(tokens_1xT))
   assert bool(jnp.all(jnp.isfinite(logits)))  # jnp.take would have filled NaN
 
 
