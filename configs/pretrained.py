@@ -51,11 +51,11 @@ def apply(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
   c.pair.max_len = max_len  # KV-cache capacity S: prompt + new tokens + L + 1 must fit.
   c.pair.text = arg.source  # Held-out sentences that prompts start (tokenized here).
   c.pair.text_path = arg.path  # Their directory (lm1b_text / tfds).
-  c.decoding.prompt_len = 16  # Prompt tokens after BOS (subword tokenizers split finer).
-  c.batch_size = batch_size  # Prompts per engine call (a 256k vocabulary takes fewer).
   if arg.runlocal or arg.test:  # CPU: tiny test checkpoints, a few cells in seconds.
-    c.pair.max_len = 128
+    c.pair.max_len = 0  # The loader's default (the checkpoint's positions).
     c.methods = ("autoregressive", "sd", "kseq")
     c.num_drafts = (1, 4) if arg.runlocal else (1, 2)
     c.draft_lens = (4,) if arg.runlocal else (2,)
-    c.batch_size = min(c.batch_size, 8)
+    return
+  c.decoding.prompt_len = 16  # Prompt tokens after BOS (subword tokenizers split finer).
+  c.batch_size = batch_size  # Prompts per engine call (a 256k vocabulary takes fewer).

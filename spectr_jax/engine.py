@@ -144,10 +144,9 @@ def _check_prompts(vocab_size, prompts, prompt_lengths, prompt_ids):
 
 def _check_inputs(draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
                   max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids):  # fmt: skip
-  vocab_size = target.config.num_logits
   _check_method(draft, target, method, num_drafts, draft_len, rho)
-  _check_sampling(vocab_size, max_new_tokens, temperature, top_k, top_p, eos_id)
-  _check_prompts(vocab_size, prompts, prompt_lengths, prompt_ids)
+  _check_sampling(target.config.num_logits, max_new_tokens, temperature, top_k, top_p, eos_id)
+  _check_prompts(target.config.vocab_size, prompts, prompt_lengths, prompt_ids)
   needed = np.shape(prompts)[1] + max_new_tokens + draft_len + 1
   for name, bundle in (("target", target), ("draft", draft)):
     if bundle is not None and needed > bundle.config.max_len:

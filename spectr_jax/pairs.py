@@ -3,7 +3,9 @@
 `load_pair` reads a pair described by a `config.PairConfig`; it trains nothing unless
 the config asks for it (`train_missing=True`, which the main job passes). A missing
 model is a `MissingPairError` naming the folders looked in and the command that trains
-them.
+them. A "pretrained" pair is two Hugging Face checkpoint directories sharing one
+tokenizer; both models' logits are restricted to the tokenizer's ids (embedding rows
+past them are padding), and the probability mass that drops is reported.
 """
 
 import dataclasses
@@ -12,13 +14,23 @@ import pathlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spectr_jax import runs, train
 from spectr_jax.config import PairConfig
-from spectr_jax.data import RESERVED, SpecialIds, TokenizedSplit
-from spectr_jax.models import ModelBundle, count_params
+from spectr_jax.data import (
+  RESERVED,
+  DataConfig,
+  HFTokenizer,
+  Prompts,
+  SpecialIds,
+  TokenizedSplit,
+  make_prompts,
+  read_source,
+)
+from spectr_jax.models import ModelBundle, count_params, load_pretrained
 
 
 class MissingPairError(FileNotFoundError):
@@ -52,7 +64,11 @@ class Pair:
 
 
 def make_pair(
-  draft: ModelBundle, target: ModelBundle, heldout: TokenizedSplit, **description: Any
+  draft: ModelBundle,
+  target: ModelBundle,
+  heldout: TokenizedSplit,
+  special: SpecialIds = RESERVED,
+  **description: Any,
 ) -> Pair:
   """Builds a `Pair`, fingerprinting the parameters and the held-out text."""
   digest = hashlib.sha256()
@@ -61,7 +77,7 @@ def make_pair(
   description = dict(
     description, draft_params=count_params(draft.params), target_params=count_params(target.params)
   )
-  return Pair(draft, target, heldout, digest.hexdigest()[:16], description)
+  return Pair(draft, target, heldout, digest.hexdigest()[:16], description, special)
 
 
 def _missing(role: str, workdir: pathlib.Path, why: str) -> MissingPairError:
@@ -98,15 +114,11 @@ def load_pair(config: PairConfig) -> Pair:
 
   Raises:
     MissingPairError: a model is missing and `config.train_missing` is False.
-    NotImplementedError: for "pretrained" pairs (loading published checkpoints is the
-      open-weights work, not done yet).
+    ValueError: the two tokenizers differ (pretrained pairs: the first difference is
+      named) or a checkpoint directory is malformed.
   """
   if config.kind == "pretrained":
-    raise NotImplementedError(
-      f"pretrained pairs ({config.draft_workdir}, {config.target_workdir}) are not supported "
-      "yet: loading published checkpoints is the open-weights work; use an 'embedded' or "
-      "'trained' pair"
-    )
+    return _pretrained_pair(config)
   dirs = dict(zip(("draft", "target"), config.workdirs, strict=True))
   if config.kind == "embedded":
     models = {role: _embedded_model(config, role, path) for role, path in dirs.items()}
@@ -127,6 +139,65 @@ def load_pair(config: PairConfig) -> Pair:
     draft_model=runs.load_config(dirs["draft"]).model,
     target_model=target_run.model,
     data_source=target_run.data.source,
+  )
+
+
+def _dropped_mass(bundle: ModelBundle, prompts: Prompts) -> float:
+  """Mean probability (temperature 1) that `bundle` puts past its `num_logits` ids, over
+  the prompts' positions: what restricting it to the tokenizer's ids drops."""
+  full = ModelBundle(dataclasses.replace(bundle.config, output_vocab_size=None), bundle.params)
+  tokens_BxT = jnp.asarray(prompts.tokens_BxT)
+  logits_BxTxV = jax.jit(full.model.apply)({"params": full.params}, tokens_BxT)
+  cut_BxT = jnp.sum(jax.nn.softmax(logits_BxTxV, axis=-1)[..., bundle.config.num_logits :], -1)
+  valid_BxT = jnp.arange(tokens_BxT.shape[1]) < jnp.asarray(prompts.lengths_B)[:, None]
+  return float(jnp.sum(jnp.where(valid_BxT, cut_BxT, 0.0)) / jnp.sum(valid_BxT))
+
+
+def restrict(bundle: ModelBundle, num_tokens: int) -> ModelBundle:
+  """The model with its logits cut to the first `num_tokens` ids (the tokenizer's), so
+  its distributions are renormalised over real tokens."""
+  if num_tokens > bundle.config.vocab_size:
+    raise ValueError(
+      f"the tokenizer has {num_tokens} tokens, more than the model's "
+      f"{bundle.config.vocab_size} embedding rows"
+    )
+  output = None if num_tokens == bundle.config.vocab_size else num_tokens
+  return ModelBundle(dataclasses.replace(bundle.config, output_vocab_size=output), bundle.params)
+
+
+def _pretrained_pair(config: PairConfig) -> Pair:
+  """Two checkpoint directories with one tokenizer; held-out text from `config.text`."""
+  dirs = dict(zip(("draft", "target"), config.workdirs, strict=True))
+  tokenizers = {role: HFTokenizer.load(path) for role, path in dirs.items()}
+  difference = tokenizers["draft"].first_difference(tokenizers["target"])
+  if difference:
+    raise ValueError(
+      f"the draft ({dirs['draft']}) and the target ({dirs['target']}) use different "
+      f"tokenizers: {difference}; speculative decoding needs one vocabulary"
+    )
+  tokenizer = tokenizers["target"]
+  dtype = config.dtype or None
+  max_len = config.max_len or None
+  models = {
+    role: restrict(load_pretrained(path, dtype=dtype, max_len=max_len), tokenizer.vocab_size)
+    for role, path in dirs.items()
+  }
+  text = read_source(DataConfig(source=config.text, path=config.text_path))
+  heldout = TokenizedSplit.from_ids(tokenizer.encode_batch(text.heldout))
+  probe = make_prompts(heldout, min(8, len(heldout)), 16, seed=0, special=tokenizer.special)
+  dropped = {f"{role}_dropped_mass": _dropped_mass(m, probe) for role, m in models.items()}
+  return make_pair(
+    models["draft"],
+    models["target"],
+    heldout,
+    tokenizer.special,
+    kind="pretrained",
+    draft_workdir=str(dirs["draft"]),
+    target_workdir=str(dirs["target"]),
+    tokenizer_vocab=tokenizer.vocab_size,
+    embedding_rows={role: m.config.vocab_size for role, m in models.items()},
+    data_source=config.text,
+    **dropped,
   )
 
 

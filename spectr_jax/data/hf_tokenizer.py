@@ -124,12 +124,10 @@ class HFTokenizer:
     """None when both tokenize alike (the same tokens with the same ids, the same split
     of a probe text), else a sentence naming the first difference. Special ids are not
     compared: a pair decodes with its target's."""
-    mine, theirs = (sorted(t.vocabulary().items(), key=lambda kv: kv[1]) for t in (self, other))
-    for (token_a, id_a), (token_b, id_b) in zip(mine, theirs, strict=False):
-      if (token_a, id_a) != (token_b, id_b):
-        return f"id {min(id_a, id_b)} is {token_a!r} (id {id_a}) vs {token_b!r} (id {id_b})"
-    if len(mine) != len(theirs):
-      return f"one vocabulary has {len(mine)} tokens, the other {len(theirs)}"
+    mine, theirs = ({i: t for t, i in tok.vocabulary().items()} for tok in (self, other))
+    for i in range(max(len(mine), len(theirs))):
+      if mine.get(i) != theirs.get(i):
+        return f"id {i} is {mine.get(i)!r} in one and {theirs.get(i)!r} in the other"
     probe = "The quick brown fox, 1234 times; naïve café."
     if self.encode(probe) != other.encode(probe):
       return f"the same vocabulary tokenizes {probe!r} differently (merges or normaliser)"
