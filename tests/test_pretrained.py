@@ -34,12 +34,17 @@ RTOL = 1e-4  # relative to the largest reference logit
 T = 12  # sequence length: longer than gemma2's window of 4 and llama3's original 16 / 2
 ROWS = 12  # the batch of every full forward
 _TOKENS_BxT = np.random.default_rng(0).integers(0, 320, (2, T)).astype(np.int32)
+_ROOT = tempfile.TemporaryDirectory(prefix="test_pretrained-")  # removed at exit
+
+
+def _mkdtemp() -> pathlib.Path:
+  return pathlib.Path(tempfile.mkdtemp(dir=_ROOT.name))
 
 
 @functools.cache
 def _checkpoint(family: str, dtype: str = "float32", **kw) -> tuple[pathlib.Path, dict]:
   """A tiny checkpoint of `family` (written once per session); (directory, weights)."""
-  directory = pathlib.Path(tempfile.mkdtemp(prefix=f"hf-{family}-"))
+  directory = _mkdtemp()
   weights = hf_checkpoints.write_checkpoint(directory, family, dtype=dtype, tokenizer=False, **kw)
   return directory, weights
 
@@ -121,7 +126,7 @@ def test_published_configs_map_to_the_published_parameter_counts(name):
 @pytest.mark.parametrize("family", [*hf_checkpoints.FAMILIES, "mistral"])
 def test_cache_prefill_extend_commit_equals_the_full_forward(family):
   if family == "mistral":  # Llama with a sliding window on every layer (not in the reference).
-    directory = pathlib.Path(tempfile.mkdtemp())
+    directory = _mkdtemp()
     config = hf_checkpoints.tiny_config("llama", model_type="mistral", sliding_window=2)
     hf_checkpoints.write_checkpoint(directory, "llama", config, tokenizer=False)
     bundle = load_pretrained(directory)
@@ -179,7 +184,7 @@ def test_bfloat16_checkpoint_loads_as_bfloat16(family):
 
 
 def test_sharded_checkpoint_with_buffers_loads_the_same_params():
-  directory = pathlib.Path(tempfile.mkdtemp())
+  directory = _mkdtemp()
   hf_checkpoints.write_checkpoint(directory, "llama", num_shards=3, buffers=True, tokenizer=False)
   assert (directory / "model.safetensors.index.json").is_file()
   sharded = load_pretrained(directory)
@@ -188,7 +193,7 @@ def test_sharded_checkpoint_with_buffers_loads_the_same_params():
 
 
 def test_gpt2_prefix_buffers_and_redundant_head_are_accepted():
-  directory = pathlib.Path(tempfile.mkdtemp())
+  directory = _mkdtemp()
   hf_checkpoints.write_checkpoint(
     directory,
     "gpt2",
@@ -203,11 +208,20 @@ def test_gpt2_prefix_buffers_and_redundant_head_are_accepted():
 
 
 def test_max_len_is_the_cache_capacity():
-  directory = _checkpoint("qwen2")[0]
-  assert load_pretrained(directory).config.max_len == 64  # max_position_embeddings
-  assert load_pretrained(directory, max_len=20).config.max_len == 20
-  with pytest.raises(CheckpointFormatError, match=r"max_len 65 must lie in \[1, 64\]"):
-    load_pretrained(directory, max_len=65)
+  qwen2 = hf_checkpoints.tiny_config("qwen2")  # max_position_embeddings 64
+  assert config_from_hf(qwen2).max_len == 64
+  assert config_from_hf(qwen2, max_len=20).max_len == 20
+  assert config_from_hf(qwen2, max_len=128).max_len == 128  # RoPE extrapolates
+  assert config_from_hf(hf_checkpoints.hub_config("GPT-2")[1]).max_len == 1024
+  with pytest.raises(CheckpointFormatError, match="max_len 65 exceeds GPT-2's n_positions = 64"):
+    config_from_hf(hf_checkpoints.tiny_config("gpt2"), max_len=65)  # n_positions 64
+
+
+def test_learned_positions_past_the_table_read_its_last_row():
+  bundle, _ = _loaded("gpt2")  # n_positions = 64
+  tokens_1xT = np.random.default_rng(2).integers(0, 320, (1, 70)).astype(np.int32)
+  logits = jax.jit(bundle.model.apply)({"params": bundle.params}, jnp.asarray(tokens_1xT))
+  assert bool(jnp.all(jnp.isfinite(logits)))  # jnp.take would have filled NaN
 
 
 def test_output_vocab_size_restricts_a_loaded_model():
@@ -220,7 +234,7 @@ def test_output_vocab_size_restricts_a_loaded_model():
 
 
 def _copy(family: str, **kw) -> pathlib.Path:
-  directory = pathlib.Path(tempfile.mkdtemp())
+  directory = _mkdtemp()
   hf_checkpoints.write_checkpoint(directory, family, tokenizer=False, **kw)
   return directory
 

@@ -199,7 +199,8 @@ def config_from_hf(
   Args:
     hf: the parsed config.json.
     dtype: the compute (and parameter) dtype; None = the checkpoint's torch_dtype.
-    max_len: S, the KV-cache capacity; None = min(max_position_embeddings, DEFAULT_MAX_LEN).
+    max_len: S, the KV-cache capacity; None = min(max_position_embeddings, DEFAULT_MAX_LEN);
+      past max_position_embeddings RoPE models extrapolate, GPT-2 refuses.
 
   Returns:
     The config (logits over all vocab_size embedding rows; restrict with output_vocab_size).
@@ -221,9 +222,12 @@ def config_from_hf(
   positions = fields.get("num_positions") or _get(hf, "max_position_embeddings")
   if max_len is None:
     max_len = min(positions, DEFAULT_MAX_LEN)
-  if not 1 <= max_len <= positions:
+  if max_len < 1:
+    raise CheckpointFormatError(f"max_len must be >= 1, got {max_len}")
+  # RoPE extrapolates past the trained context (at the user's word); a table cannot.
+  if model_type == "gpt2" and max_len > positions:
     raise CheckpointFormatError(
-      f"max_len {max_len} must lie in [1, {positions}] (the checkpoint's positions)"
+      f"max_len {max_len} exceeds GPT-2's n_positions = {positions} (its position table)"
     )
   try:
     return ModelConfig(max_len=max_len, dtype=_dtype_name(hf, dtype), **fields)
@@ -431,20 +435,24 @@ def load_pretrained(
   stored = _match(files, prefix, tensors, config.tied_embedding)
   np_dtype = _DTYPES[config.dtype]
   flat = {}
-  with contextlib.ExitStack() as stack:
-    handles = {
+  with contextlib.ExitStack() as stack:  # headers only: no tensor data is read here
+    headers = {
       file: stack.enter_context(safe_open(file, framework="numpy"))
       for file in sorted(set(files.values()))
     }
     for t in tensors:
       name = stored[t.name]
-      shape = tuple(handles[files[name]].get_slice(name).get_shape())
+      shape = tuple(headers[files[name]].get_slice(name).get_shape())
       if shape != t.shape:
         raise CheckpointFormatError(
           f"tensor {name!r} in {files[name].name} has shape {shape}; config.json implies {t.shape}"
         )
-    for t in tensors:
-      name = stored[t.name]
-      for param_path, value in t.convert(handles[files[name]].get_tensor(name)).items():
-        flat[param_path] = jax.device_put(np.asarray(value, np_dtype))
+  for t in tensors:
+    name = stored[t.name]
+    # One open per tensor: closing unmaps the file, so its pages leave this process.
+    with safe_open(files[name], framework="numpy") as f:
+      stored_array = f.get_tensor(name)
+    for param_path, value in t.convert(stored_array).items():
+      flat[param_path] = jax.device_put(np.asarray(value, np_dtype))
+    del stored_array
   return ModelBundle(config=config, params=traverse_util.unflatten_dict(flat))

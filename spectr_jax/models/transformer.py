@@ -150,7 +150,8 @@ class Transformer(nn.Module):
     if cfg.embed_scale:
       x_XxTxD = x_XxTxD * jnp.asarray(cfg.d_model**0.5, cfg.compute_dtype)
     if cfg.positions == "learned":
-      x_XxTxD = x_XxTxD + self.pos_embed(pos_XxT)
+      # Clamped: jnp.take would fill NaN past the table (padding positions reach it).
+      x_XxTxD = x_XxTxD + self.pos_embed(jnp.minimum(pos_XxT, cfg.num_positions - 1))
     return x_XxTxD
 
   def _logits(self, x_XxD: jax.Array) -> jax.Array:
