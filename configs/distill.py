@@ -38,10 +38,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     steps=0,
     scratch=False,
   )
-  base = f"source={arg.source},path={arg.path},seed={arg.seed}"
-  if arg.runlocal or arg.test:
-    base += ",runlocal" if arg.runlocal else ",test"
-  c = draft.get_config(base)
+  base = f"source={arg.source},path={arg.path},seed={arg.seed}" + (",test" if arg.test else "")
+  c = draft.get_config(base)  # The plain draft's model and data (runlocal sizes the steps only).
   suffix = "-test" if arg.test else ("" if arg.source == "embedded" else f"-{arg.source}")
   c.num_steps = 200  # Distillation steps after the plain draft's.
   c.learning_rate = 2e-3  # Peak learning rate (the plain draft's is 5e-3).
