@@ -33,8 +33,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     source="embedded",
     path="",
     seed=0,
-    divergence="tv",
-    data="on_policy",
+    divergence="forward_kl",
+    data="corpus",
     steps=0,
     scratch=False,
   )
