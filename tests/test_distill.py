@@ -170,7 +170,8 @@ def test_bad_train_configs_with_distillation():
   with pytest.raises(ValueError, match="gives a source no row"):
     TrainConfig.from_dict(dict(values, distill=dict(values["distill"], data="corpus:1,target:99")))
   with pytest.raises(ValueError, match="exceeds data.seq_len"):
-    TrainConfig.from_dict(dict(values, distill=dict(values["distill"], sample_tokens=40)))
+    distill = dict(values["distill"], data="target", sample_tokens=40)
+    TrainConfig.from_dict(dict(values, distill=distill))
 
 
 # The tests below train (a 2-step target, then 4-step distillations with every data
