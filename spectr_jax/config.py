@@ -80,7 +80,8 @@ class DistillConfig:
     sample_tokens: tokens sampled after them.
     eval_prompts: held-out prompts of the alignment metrics (per-token acceptance
       sum min(p, q) and the K = 8 alpha* along target samples) at each evaluation.
-    eval_tokens: tokens sampled from the target after each of them.
+    eval_tokens: tokens sampled from the target after each of them. (Unlike the top-level
+      logistics fields, these two are part of the config a resumed run must match.)
   """
 
   target_workdir: str = ""
