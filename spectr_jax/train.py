@@ -1,9 +1,14 @@
 """Language-model training with optax: the loss, the step and the resumable loop.
 
-Training batch `i` is a pure function of `(config.seed, i)` and the step has no other
-randomness, so a run resumed from any checkpoint ends with the parameters of an
-uninterrupted run of the same config. Where a run is stored (its work directory and
-checkpoints) is `spectr_jax.runs`'s job.
+A run trains on the next-token loss of the corpus or, with `TrainConfig.distill` on,
+distills the model against a frozen target (`spectr_jax.distill`: the divergence, the
+data sources and the held-out alignment metrics).
+
+Training batch `i` is a pure function of `(config.seed, i)` (and, for sampled
+distillation rows, of the parameters at step `i`) and the step has no other randomness,
+so a run resumed from any checkpoint ends with the parameters of an uninterrupted run of
+the same config. Where a run is stored (its work directory and checkpoints) is
+`spectr_jax.runs`'s job.
 """
 
 import functools
@@ -19,7 +24,7 @@ from absl import logging
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from spectr_jax import locks, runs
+from spectr_jax import distill, locks, runs
 from spectr_jax.config import TrainConfig
 from spectr_jax.data import BOS_ID, PAD_ID, Dataset, TrainBatches, heldout_rows, load_dataset
 from spectr_jax.models import ModelBundle, Transformer, count_params, init_params
@@ -79,20 +84,24 @@ def token_nll(
   return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, targets_BxT), targets_BxT
 
 
+def _lm_loss(params: Any, target_params: None, rows: dict[str, jax.Array], model: Transformer):
+  """The mean NLL of the non-PAD targets of the corpus rows (no target model)."""
+  del target_params
+  nll_BxT, targets_BxT = token_nll(params, model, rows["corpus"])
+  mask_BxT = (targets_BxT != PAD_ID).astype(jnp.float32)
+  return jnp.sum(nll_BxT * mask_BxT) / jnp.maximum(jnp.sum(mask_BxT), 1.0)
+
+
 def _train_step(
   state: TrainState,
-  tokens_BxT1: jax.Array,
-  model: Transformer,
+  rows: dict[str, jax.Array],
+  target_params: Any,
+  loss_fn,
   optimizer: optax.GradientTransformation,
 ) -> tuple[TrainState, jax.Array]:
-  """One AdamW update on the mean NLL of the non-PAD targets."""
-
-  def loss_fn(params):
-    nll_BxT, targets_BxT = token_nll(params, model, tokens_BxT1)
-    mask_BxT = (targets_BxT != PAD_ID).astype(jnp.float32)
-    return jnp.sum(nll_BxT * mask_BxT) / jnp.maximum(jnp.sum(mask_BxT), 1.0)
-
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  """One AdamW update on `loss_fn(params, target_params, rows)` (`_lm_loss` or
+  `distill.distill_loss`)."""
+  loss, grads = jax.value_and_grad(loss_fn)(state.params, target_params, rows)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), loss
@@ -133,6 +142,9 @@ def _mesh(config: TrainConfig) -> Mesh:
       f"num_devices={count} needs <= {len(devices)} devices and to divide "
       f"batch_size={config.batch_size}"
     )
+  rows = config.distill.rows(config.batch_size) if config.distill.enabled else {}
+  if any(n % count for n in rows.values()):
+    raise ValueError(f"num_devices={count} must divide the rows of every distill source: {rows}")
   return Mesh(np.array(devices[:count]), ("data",))
 
 
@@ -159,27 +171,33 @@ class _Progress:
     )
 
 
-def _init_state(config: TrainConfig, optimizer: optax.GradientTransformation) -> TrainState:
-  params = init_params(config.model_config(), jax.random.fold_in(jax.random.key(config.seed), 0))
+def _init_state(
+  config: TrainConfig, optimizer: optax.GradientTransformation, params: Any = None
+) -> TrainState:
+  """Step 0: fresh parameters (or the given ones) and a fresh optimizer state."""
+  if params is None:
+    key = jax.random.fold_in(jax.random.key(config.seed), 0)
+    params = init_params(config.model_config(), key)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
 
 
 def _start_state(
   config: TrainConfig, manager, optimizer, replicated: NamedSharding
-) -> tuple[TrainState, int, float]:
-  """The state to train from: the newest checkpoint's, or a fresh one (with the step and
-  the training wall time of earlier runs)."""
+) -> tuple[TrainState, int, dict[str, Any]]:
+  """The state to train from: the newest checkpoint's, or a fresh one (from
+  `distill.init_workdir` when set), with its step and meta ({} when fresh)."""
   abstract = jax.eval_shape(lambda: _init_state(config, optimizer))
   abstract = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), abstract
   )
   restored = runs.restore_latest(manager, abstract.params, abstract.opt_state)
   if restored is None:
-    state = jax.jit(lambda: _init_state(config, optimizer), out_shardings=replicated)()
-    return state, 0, 0.0
+    params = distill.initial_params(config)
+    state = jax.jit(lambda p: _init_state(config, optimizer, p), out_shardings=replicated)(params)
+    return state, 0, {}
   start, params, opt_state, meta = restored
   step = jax.device_put(jnp.asarray(start, jnp.int32), replicated)
-  return TrainState(step=step, params=params, opt_state=opt_state), start, meta["wall_time_s"]
+  return TrainState(step=step, params=params, opt_state=opt_state), start, meta
 
 
 def _load_data(config: TrainConfig, path: pathlib.Path) -> Dataset:
@@ -228,21 +246,37 @@ def _train(config: TrainConfig, path: pathlib.Path, stop_at_step: int | None) ->
   model = Transformer(model_config)
   optimizer = make_optimizer(config)
   manager = runs.checkpoint_manager(path, config)
-  state, start, wall_time_s = _start_state(config, manager, optimizer, replicated)
+  target, target_id = None, None
+  loss_fn = functools.partial(_lm_loss, model=model)
+  tokens_per_step = config.batch_size * config.data.seq_len
+  if config.distill.enabled:
+    target = distill.load_target(config, dataset)
+    target = ModelBundle(target.config, jax.device_put(target.params, replicated))
+    target_id = distill.fingerprint(target)
+    loss_fn = functools.partial(
+      distill.distill_loss, draft=model, target=target.model, config=config.distill
+    )
+    tokens_per_step = distill.positions_per_step(config)
+  state, start, meta = _start_state(config, manager, optimizer, replicated)
+  wall_time_s = meta.get("wall_time_s", 0.0)
   if start:
     logging.info("resuming %s from step %d", path, start)
+    if meta.get("distill_target") != target_id:
+      raise runs.CheckpointError(
+        f"{path} was distilled against another target (parameters {meta.get('distill_target')}"
+        f", now {target_id}); use another workdir or delete it"
+      )
   end = config.num_steps if stop_at_step is None else min(stop_at_step, config.num_steps)
   batches = TrainBatches(dataset.train, config.data.seq_len, config.batch_size, config.seed)
   row_fill = float(np.mean(batches.rows[:, 1:] != PAD_ID))
   eval_rows = heldout_rows(dataset.heldout, config.data.seq_len, config.eval_rows)
   step_fn = jax.jit(
     _train_step,
-    static_argnums=(2, 3),
+    static_argnums=(3, 4),
     donate_argnums=0,
-    in_shardings=(replicated, batch_sharding),
+    in_shardings=(replicated, batch_sharding, replicated),
     out_shardings=(replicated, replicated),
   )
-  tokens_per_step = config.batch_size * config.data.seq_len
   logging.info(
     "training %s (%s, %d params) on %d tokens: steps %d..%d, %d tokens/step",
     path,
@@ -255,15 +289,25 @@ def _train(config: TrainConfig, path: pathlib.Path, stop_at_step: int | None) ->
   )
   progress = _Progress(start, end, tokens_per_step)
   run_start = time.perf_counter()
-  eval_loss = None
+  eval_loss, aligned = None, {}
   for step in range(start, end):
-    state, loss = step_fn(state, jax.device_put(batches(step), batch_sharding), model, optimizer)
+    rows = {"corpus": batches(step)}
+    if target is not None:
+      current = ModelBundle(model_config, state.params)
+      rows = distill.step_rows(config, step, rows["corpus"], current, target)
+    rows = jax.device_put(rows, batch_sharding)
+    state, loss = step_fn(
+      state, rows, None if target is None else target.params, loss_fn, optimizer
+    )
     done = step + 1
     extra = ""
     if done % config.eval_every == 0 or done == end:
       bundle = ModelBundle(model_config, state.params)
       eval_loss = heldout_loss(bundle, eval_rows, config.batch_size)
       extra = f" heldout {eval_loss:.4f} (ppl {np.exp(eval_loss):.1f})"
+      if target is not None:
+        aligned = distill.alignment(bundle, target, dataset.heldout, config.distill, config.seed)
+        extra += f" acceptance {aligned['acceptance']:.4f} alpha*8 {aligned['alpha_k8']:.4f}"
     if done % config.log_every == 0 or done == end or extra:
       progress.update(done, float(loss), extra)
     if done % config.checkpoint_every == 0 or done == end:
@@ -275,6 +319,12 @@ def _train(config: TrainConfig, path: pathlib.Path, stop_at_step: int | None) ->
         "row_fill": row_fill,
         "heldout_loss": eval_loss,
       }
+      if target is not None:
+        meta.update(
+          distill_target=target_id,
+          heldout_acceptance=aligned.get("acceptance"),
+          heldout_alpha_k8=aligned.get("alpha_k8"),
+        )
       runs.save_checkpoint(manager, done, state.params, state.opt_state, meta)
   manager.wait_until_finished()
   manager.close()

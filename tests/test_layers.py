@@ -36,6 +36,7 @@ ORDER = (
   "locks",
   "results",
   "runs",
+  "distill",
   "train",
   "pairs",
   "experiment",
