@@ -8,18 +8,21 @@ ARG (comma-separated, see `configs.common.parse_arg`):
   test             the tiny test pair and a 6-cell grid (seconds; used by the tests);
   source=NAME      the data of the pair: embedded (default), lm1b_text or tfds;
   path=DIR         the LM1B text directory (lm1b_text) or TFDS data_dir (tfds);
+  plain_draft      decode with the plain draft (trained on the data) instead of the
+                   default, that draft distilled against the target (configs/distill.py);
   pair=NAME,draft_dir=DIR,target_dir=DIR
                    an open-weight pair instead of the embedded one (configs/pretrained.py:
                    smollm2, qwen2.5, llama3, gemma2, gpt2 or any two directories).
-Each source has its own pair ($SPECTR_WORKDIR/draft-<source>, ...; the embedded pair is
-$SPECTR_WORKDIR/draft and /target). A missing pair is an error naming the command that
-trains it, unless --config.pair.train_missing=True (the main job, scripts/reproduce.sh,
-passes it).
+The draft is the plain draft ($SPECTR_WORKDIR/draft) distilled against the target
+($SPECTR_WORKDIR/target) into draft-distill (runlocal: 100 steps, draft-distill-runlocal);
+each source has its own pair ($SPECTR_WORKDIR/draft-<source>, ...). A missing pair is an
+error naming the command that trains it, unless --config.pair.train_missing=True (the
+main job, scripts/reproduce.sh, passes it).
 """
 
 import ml_collections
 
-from configs import common, draft, pretrained, target
+from configs import common, distill, draft, pretrained, target
 from spectr_jax import config as config_lib
 
 # The paper's methods, the optimal verifier and the block-level verifiers
@@ -34,20 +37,34 @@ METHODS = tuple(
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the sweep config (`spectr_jax.config.SweepConfig.from_dict` converts it)."""
   arg = common.parse_arg(
-    arg, runlocal=False, test=False, source="embedded", path="", **pretrained.ARGS
+    arg,
+    runlocal=False,
+    test=False,
+    source="embedded",
+    path="",
+    plain_draft=False,
+    **pretrained.ARGS,
   )
   pair_arg = "test" if arg.test else f"source={arg.source},path={arg.path}"
   suffix = "-test" if arg.test else ("" if arg.source == "embedded" else f"-{arg.source}")
   c = ml_collections.ConfigDict()
-  c.name = "lm1b_spectr" + suffix  # Results go to $SPECTR_WORKDIR/experiments/<name>.
+  c.name = "lm1b_spectr" + suffix + ("-plain" if arg.plain_draft else "")  # Results go to
+  # $SPECTR_WORKDIR/experiments/<name>.
   c.results_dir = ""  # Overrides that directory (relative to $SPECTR_WORKDIR unless absolute).
   c.pair = ml_collections.ConfigDict()
   c.pair.kind = "embedded"  # "embedded" (trained here), "trained" (run dirs) or "pretrained".
-  c.pair.draft = draft.get_config(pair_arg)  # Training config of the draft.
   c.pair.target = target.get_config(pair_arg)  # Training config of the target.
-  c.pair.draft_workdir = "draft" + suffix  # The draft's run directory (under $SPECTR_WORKDIR).
   c.pair.target_workdir = "target" + suffix  # The target's run directory.
   c.pair.train_missing = False  # Train a model whose final checkpoint is missing.
+  if arg.test or arg.plain_draft:  # The test pair and the baseline: the plain draft.
+    c.pair.draft = draft.get_config(pair_arg)  # Training config of the draft.
+    c.pair.draft_workdir = "draft" + suffix  # The draft's run directory (under $SPECTR_WORKDIR).
+  else:  # The draft distilled against the target (docs/DISTILLATION.md), from the plain one.
+    distill_arg = pair_arg + (",runlocal" if arg.runlocal else "")  # runlocal: 100 steps.
+    c.pair.draft = distill.get_config(distill_arg)  # Training config of the draft.
+    c.pair.draft_workdir = "draft-distill" + ("-runlocal" if arg.runlocal else "") + suffix
+    c.pair.draft_base = draft.get_config(pair_arg)  # The plain draft it starts from (in
+    # $SPECTR_WORKDIR/draft<suffix>; the ARG item plain_draft decodes with it instead).
   c.methods = METHODS  # Decoding methods.
   c.num_drafts = (1, 2, 4, 8)  # K (K = 1 is "sd"; multi-draft methods take K >= 2).
   c.draft_lens = (2, 4, 8)  # L, draft tokens per round.

@@ -17,7 +17,13 @@ from configs import common, lm1b_spectr, pretrained
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the ablation config (`spectr_jax.config.RhoAblationConfig.from_dict`)."""
   parsed = common.parse_arg(
-    arg, runlocal=False, test=False, source="embedded", path="", **pretrained.ARGS
+    arg,
+    runlocal=False,
+    test=False,
+    source="embedded",
+    path="",
+    plain_draft=False,
+    **pretrained.ARGS,
   )
   c = ml_collections.ConfigDict()
   c.sweep = lm1b_spectr.get_config(arg)  # The decoding sweep: pair, prompts, sampling.

@@ -276,6 +276,9 @@ class PairConfig:
     draft, target: the training configs ("embedded" only).
     train_missing: train an "embedded" model whose final checkpoint is missing (else a
       missing model is an error that names the command that trains it).
+    draft_base: "embedded" only, for a draft distilled from a warm start: the training
+      config of the plain draft in `draft.distill.init_workdir` (trained there first when
+      missing); None when the draft is not warm-started.
     dtype: "pretrained" only: the parameter and compute dtype ("" = as stored).
     max_len: "pretrained" only: the KV-cache capacity S (0 = the loader's default).
     text: "pretrained" only: the source of the held-out sentences that prompts start
@@ -290,6 +293,7 @@ class PairConfig:
   draft: TrainConfig | None = None
   target: TrainConfig | None = None
   train_missing: bool = False
+  draft_base: TrainConfig | None = None
   dtype: str = ""
   max_len: int = 0
   text: str = "embedded"
@@ -308,12 +312,19 @@ class PairConfig:
         "--config.pair.draft_workdir=DIR --config.pair.target_workdir=DIR"
       )
     _integers("max_len", [self.max_len], 0)
+    if self.draft_base is not None and not (
+      self.kind == "embedded" and self.draft.distill.init_workdir
+    ):
+      raise ValueError(
+        "draft_base needs an 'embedded' pair whose draft distills from "
+        "distill.init_workdir (the plain draft's run directory)"
+      )
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "PairConfig":
     """Builds the config from a nested mapping (a `ConfigDict.to_dict()`)."""
     values = _known(cls, values)
-    for role in ("draft", "target"):
+    for role in ("draft", "target", "draft_base"):
       if values.get(role):
         values[role] = TrainConfig.from_dict(values[role])
       else:

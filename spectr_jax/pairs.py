@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spectr_jax import runs, train
-from spectr_jax.config import PairConfig
+from spectr_jax.config import PairConfig, TrainConfig, resolve
 from spectr_jax.data import (
   RESERVED,
   DataConfig,
@@ -80,10 +80,14 @@ def make_pair(
   return Pair(draft, target, heldout, digest.hexdigest()[:16], description, special)
 
 
-def _missing(role: str, workdir: pathlib.Path, why: str) -> MissingPairError:
+def _missing(
+  role: str, config: TrainConfig | None, workdir: pathlib.Path, why: str
+) -> MissingPairError:
+  name = "distill" if config is not None and config.distill.enabled else "draft"
+  name = "target" if role == "target" else name
   return MissingPairError(
     f"no trained {role} model in {workdir} ({why}). Train it with `python -m "
-    f"experiments.train --config configs/{role}.py[:ARG] --workdir {workdir}` (ARG as in the "
+    f"experiments.train --config configs/{name}.py[:ARG] --workdir {workdir}` (ARG as in the "
     "sweep's config, e.g. runlocal) or `bash scripts/train_pair.sh`, or rerun with "
     "--config.pair.train_missing=True (--config.sweep.pair.train_missing=True for the rho "
     "ablation)"
@@ -98,15 +102,25 @@ def _embedded_model(config: PairConfig, role: str, workdir: pathlib.Path) -> Mod
   if not config.train_missing:
     step = runs.latest_step(workdir)
     found = "no checkpoint" if step is None else f"the newest checkpoint is step {step}"
-    raise _missing(role, workdir, f"{found}; the final one is step {train_config.num_steps}")
+    why = f"{found}; the final one is step {train_config.num_steps}"
+    raise _missing(role, train_config, workdir, why)
   return train.train(train_config, workdir)
+
+
+def _embedded_pair(config: PairConfig, dirs: dict[str, pathlib.Path]) -> dict[str, ModelBundle]:
+  """The target first, then the plain draft a distilled draft starts from, then the draft
+  (a distillation needs both)."""
+  target = _embedded_model(config, "target", dirs["target"])
+  if config.draft_base is not None:
+    _embedded_model(config, "draft_base", resolve(config.draft.distill.init_workdir))
+  return {"draft": _embedded_model(config, "draft", dirs["draft"]), "target": target}
 
 
 def _trained_model(role: str, workdir: pathlib.Path) -> ModelBundle:
   try:
     return runs.load_bundle(workdir)
   except runs.CheckpointError as error:
-    raise _missing(role, workdir, str(error)) from error
+    raise _missing(role, None, workdir, str(error)) from error
 
 
 def load_pair(config: PairConfig) -> Pair:
@@ -121,7 +135,7 @@ def load_pair(config: PairConfig) -> Pair:
     return _pretrained_pair(config)
   dirs = dict(zip(("draft", "target"), config.workdirs, strict=True))
   if config.kind == "embedded":
-    models = {role: _embedded_model(config, role, path) for role, path in dirs.items()}
+    models = _embedded_pair(config, dirs)
   else:
     models = {role: _trained_model(role, path) for role, path in dirs.items()}
   if (

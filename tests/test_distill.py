@@ -243,3 +243,29 @@ def test_distillation_needs_its_target(tiny_pair, tmp_path):
   )
   with pytest.raises(runs.CheckpointError, match="config.json is missing"):
     train.train(missing, tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_embedded_pair_trains_target_plain_draft_then_the_distilled_draft(tmp_path, monkeypatch):
+  from configs import draft as draft_config
+  from spectr_jax import pairs
+  from spectr_jax.config import PairConfig
+
+  monkeypatch.setenv("SPECTR_WORKDIR", str(tmp_path))
+  distilled = TrainConfig.from_dict(distill_config.get_config("test").to_dict())
+  config = PairConfig(
+    "embedded",
+    "draft-distill-test",
+    "target-test",
+    draft=distilled,
+    target=TrainConfig.from_dict(target_config.get_config("test").to_dict()),
+    draft_base=TrainConfig.from_dict(draft_config.get_config("test").to_dict()),
+  )
+  with pytest.raises(pairs.MissingPairError, match="configs/target.py"):
+    pairs.load_pair(config)
+  pair = pairs.load_pair(dataclasses.replace(config, train_missing=True))
+  assert runs.is_finished(config.draft_base, tmp_path / "draft-test")  # The warm start.
+  assert runs.load_config(tmp_path / "draft-distill-test").distill.enabled
+  assert pair.description["draft_workdir"] == str(tmp_path / "draft-distill-test")
+  with pytest.raises(ValueError, match="draft_base needs"):
+    dataclasses.replace(config, draft=config.draft_base)
