@@ -46,7 +46,9 @@ def pair():
   return random_pair()
 
 
-@pytest.mark.parametrize("arg", [None, "runlocal", "test", "source=lm1b_text,path=/data/lm1b"])
+@pytest.mark.parametrize(
+  "arg", [None, "runlocal", "test", "source=lm1b_text,path=/data/lm1b", "runlocal,plain_draft"]
+)
 def test_configs_convert(arg):
   sweep = SweepConfig.from_dict(lm1b_spectr.get_config(arg).to_dict())
   ablation = RhoAblationConfig.from_dict(rho_ablation.get_config(arg).to_dict())
@@ -59,9 +61,14 @@ def test_configs_convert(arg):
   if arg and "lm1b_text" in arg:
     assert sweep.pair.draft.data.source == "lm1b_text"
     assert sweep.pair.draft.data.path == "/data/lm1b"
-    assert sweep.pair.draft_workdir == "draft-lm1b_text"
+    assert sweep.pair.draft_workdir == "draft-distill-lm1b_text"
+    assert sweep.pair.draft.distill.init_workdir == "draft-lm1b_text"
   if arg == "runlocal":
-    assert sweep.pair.draft_workdir == "draft" and sweep.decoding.num_prompts < 100
+    assert sweep.pair.draft_workdir == "draft-distill-runlocal"
+    assert sweep.pair.draft.distill.target_workdir == sweep.pair.target_workdir == "target"
+    assert sweep.pair.draft_base.num_steps == 300 and sweep.decoding.num_prompts < 100
+  if arg and "plain_draft" in arg:
+    assert sweep.pair.draft_workdir == "draft" and sweep.pair.draft_base is None
   assert not sweep.pair.train_missing and sweep.pair.kind == "embedded"
 
 
