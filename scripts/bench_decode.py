@@ -17,6 +17,7 @@ Usage: python scripts/bench_decode.py [--batch 4] [--max_new_tokens 64]
 
 import argparse
 import functools
+import os
 import pathlib
 
 import jax
@@ -63,15 +64,27 @@ def _per_call(step, carry, repeats, calls=16):
   iteration of the engine's while_loop) does not pay either; each call consumes the
   previous call's output, so nothing is hoisted out of the loop.
   """
-  looped = jax.jit(lambda c: jax.lax.fori_loop(0, calls, lambda _, c: step(c), c))
+  looped = jax.jit(
+    lambda c: jax.lax.fori_loop(0, calls, lambda _, c: step(c), c),
+    compiler_options=engine.compiler_options(),
+  )
   return median_seconds(looped, carry, repeats=repeats) / calls
 
 
-def _component_times(spec, draft, target, prompts, lengths, repeats):
-  """Seconds of one round's draft, target and verification steps, each timed alone."""
-  traced = rounds.Traced(
-    jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
-  )
+def _varying(*xs):
+  """The arguments, made opaque to loop-invariant code motion: a part timed in a loop
+  recomputes what depends on them every call, as it does once per engine round."""
+  return jax.lax.optimization_barrier(xs)
+
+
+def component_times(spec, draft, target, prompts, lengths, repeats, traced=None):
+  """Seconds of one round's parts, each timed alone in a loop (see `_per_call`): draft (L
+  draft steps and their sampling), target (one call over K(L + 1) positions and its
+  probabilities), verify (the block walk on those p and q), and the prefill."""
+  if traced is None:
+    traced = rounds.Traced(
+      jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
+    )
   draft_params = draft.params if spec.draft_len else None
   init = jax.jit(functools.partial(rounds.init_state, spec))
   state = init(draft_params, target.params, prompts, lengths)
@@ -81,7 +94,6 @@ def _component_times(spec, draft, target, prompts, lengths, repeats):
   drafts = jnp.zeros((b, k, 0), jnp.int32)
   p = None
   if spec.draft_len:
-    draft_fn = jax.jit(functools.partial(rounds.draft, spec, draft.params, traced=traced))
 
     def draft_step(carry):
       cache, keys = carry
@@ -89,64 +101,88 @@ def _component_times(spec, draft, target, prompts, lengths, repeats):
       return reset_tails(cache), jax.vmap(jax.random.fold_in)(keys, d[:, 0, 0])
 
     times["draft"] = _per_call(draft_step, (state.draft_cache, keys), repeats)
+    draft_fn = jax.jit(functools.partial(rounds.draft, spec, draft.params, traced=traced))
     drafts, p, _, _ = draft_fn(state.draft_cache, state, keys)
 
-  def score(cache):
+  def score(cache, drafts):
     q, cache, _ = rounds.score(spec, target.params, cache, state.last_B, drafts, traced)
     return q, reset_tails(cache)
 
   def target_step(carry):
-    return score(carry[1])
+    q, cache, drafts = carry
+    q, cache = score(cache, drafts)
+    return q, cache, _varying(drafts + (q[:, :1, :1, 0] < 0))[0]
 
-  q, _ = jax.jit(score)(state.target_cache)
-  times["target"] = _per_call(target_step, (q, state.target_cache), repeats)
+  q, _ = jax.jit(score)(state.target_cache, drafts)
+  times["target"] = _per_call(target_step, (q, state.target_cache, drafts), repeats)
 
-  def verify_step(keys):
+  def verify_step(carry):
+    keys, p, q = carry
     out, _, _ = rounds.verify_rows(spec, keys, drafts, p, q, traced)
-    return jax.vmap(jax.random.fold_in)(keys, out[:, 0])
+    return _varying(jax.vmap(jax.random.fold_in)(keys, out[:, 0]), p, q)
 
-  times["verify"] = _per_call(verify_step, keys, repeats)
+  times["verify"] = _per_call(verify_step, (keys, p, q), repeats)
   times["prefill"] = median_seconds(
     init, draft_params, target.params, prompts, lengths, repeats=repeats
   )
   return times
 
 
+def round_seconds(run, max_new_tokens, repeats):
+  """Seconds per round of the engine and the GenerateOutput of a full run.
+
+  A run of `max_new_tokens` minus a run of one token (the prefill, one round and the
+  per-call cost of `generate`), over the rounds between them."""
+  out = run(jax.random.key(0), max_new_tokens=max_new_tokens)
+  one = run(jax.random.key(0), max_new_tokens=1)
+  tokens = lambda key, n: run(key, max_new_tokens=n).tokens_BxT
+  full_s = median_seconds(tokens, jax.random.key(0), max_new_tokens, repeats=repeats)
+  one_s = median_seconds(tokens, jax.random.key(0), 1, repeats=repeats)
+  extra = int(np.max(np.asarray(out.stats.rounds_B))) - int(np.max(np.asarray(one.stats.rounds_B)))
+  return (full_s - one_s) / max(extra, 1), full_s, out
+
+
 def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, repeats):
+  """One row per (method, K, L); the first config must be autoregressive (the baseline)."""
   cost_ratio = count_params(draft.params) / count_params(target.params)
   max_new_tokens = settings.max_new_tokens
   rows = []
   for method, num_drafts, draft_len in configs:
     kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
     kw.update(method=method, num_drafts=num_drafts, draft_len=draft_len)
-    kw.update(max_new_tokens=max_new_tokens, **settings.sampling_args())
+    kw.update(settings.sampling_args())
     run = functools.partial(engine.generate, **kw)
-    tokens_fn = lambda key, run=run: run(key).tokens_BxT
-    seconds = median_seconds(tokens_fn, jax.random.key(0), repeats=repeats)
-    out = run(jax.random.key(0))
+    round_s, seconds, out = round_seconds(run, max_new_tokens, repeats)
     spec = engine.DecodeSpec(
       method, num_drafts, draft_len, max_new_tokens, None, False, "star",
       draft.config if draft_len else None, target.config,
     )  # fmt: skip
-    parts = _component_times(spec, draft, target, prompts, lengths, repeats)
+    parts = component_times(spec, draft, target, prompts, lengths, repeats)
+    parts_s = parts["draft"] + parts["target"] + parts["verify"]
+    emitted_B = np.asarray(out.stats.emitted_B)
     loop_rounds = int(np.max(np.asarray(out.stats.rounds_B)))
-    round_s = (seconds - parts["prefill"]) / loop_rounds
-    efficiency = float(out.stats.block_efficiency)
-    rows.append(
-      dict(
-        method=method,
-        K=num_drafts,
-        L=draft_len,
-        efficiency=efficiency,
-        tokens_per_s=float(np.sum(np.asarray(out.lengths_B))) / seconds,
-        round_ms=1e3 * round_s,
-        draft_ms=1e3 * parts["draft"],
-        target_ms=1e3 * parts["target"],
-        verify_ms=1e3 * parts["verify"],
-        overhead_ms=1e3 * (round_s - parts["draft"] - parts["target"] - parts["verify"]),
-        predicted=predicted_speedup(efficiency, draft_len, cost_ratio),
-      )
+    row = dict(
+      method=method,
+      K=num_drafts,
+      L=draft_len,
+      efficiency=float(out.stats.block_efficiency),
+      batch_efficiency=float(np.mean(emitted_B)) / loop_rounds,
+      tokens_per_s=float(np.sum(np.asarray(out.lengths_B))) / seconds,
+      round_ms=1e3 * round_s,
+      draft_ms=1e3 * parts["draft"],
+      target_ms=1e3 * parts["target"],
+      verify_ms=1e3 * parts["verify"],
+      parts_ms=1e3 * parts_s,
+      round_over_parts=round_s / parts_s,
+      overhead=1.0 - parts_s / round_s,
+      predicted=predicted_speedup(float(out.stats.block_efficiency), draft_len, cost_ratio),
     )
+    base = rows[0] if rows else row
+    # The latency model with this machine's measured parts: tokens per round of the batch
+    # (rows move in lockstep) times the autoregressive round time over the parts' sum.
+    row["predicted_here"] = row["batch_efficiency"] * base["round_ms"] / row["parts_ms"]
+    row["measured_here"] = row["batch_efficiency"] * base["round_ms"] / row["round_ms"]
+    rows.append(row)
     print(format_table(rows[-1:], rows[0]).splitlines()[-1], flush=True)
   return rows
 
@@ -157,18 +193,21 @@ def format_table(rows, baseline):
     ("K", "K", "{}"),
     ("L", "L", "{}"),
     ("efficiency", "block eff.", "{:.2f}"),
+    ("batch_efficiency", "batch eff.", "{:.2f}"),
     ("tokens_per_s", "tokens/s", "{:.1f}"),
-    ("speedup", "speedup (measured)", "{:.2f}x"),
-    ("round_ms", "round ms", "{:.1f}"),
-    ("draft_ms", "draft ms", "{:.1f}"),
-    ("target_ms", "target ms", "{:.1f}"),
-    ("verify_ms", "verify ms", "{:.1f}"),
-    ("overhead_ms", "overhead ms", "{:.1f}"),
+    ("round_ms", "round ms", "{:.2f}"),
+    ("draft_ms", "draft ms", "{:.2f}"),
+    ("target_ms", "target ms", "{:.2f}"),
+    ("verify_ms", "verify ms", "{:.2f}"),
+    ("parts_ms", "sum of parts ms", "{:.2f}"),
+    ("round_over_parts", "round / parts", "{:.2f}"),
+    ("overhead", "overhead", "{:.0%}"),
+    ("predicted_here", "speedup predicted (parts)", "{:.2f}x"),
+    ("measured_here", "speedup measured", "{:.2f}x"),
     ("predicted", "predicted accel. speedup", "{:.2f}x"),
   )
   lines = ["| " + " | ".join(title for _, title, _ in cols) + " |", "|" + "---|" * len(cols)]
   for row in rows:
-    row = dict(row, speedup=row["tokens_per_s"] / baseline["tokens_per_s"])
     lines.append("| " + " | ".join(fmt.format(row[key]) for key, _, fmt in cols) + " |")
   return "\n".join(lines)
 
@@ -178,7 +217,7 @@ def main():
   parser.add_argument("--batch", type=int, default=4)
   parser.add_argument("--prompt_len", type=int, default=8)
   parser.add_argument("--max_new_tokens", type=int, default=64)
-  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="method:K:L,...")
   parser.add_argument("--workdir", default=str(data.default_workdir()))
   args = parser.parse_args()
@@ -196,6 +235,7 @@ def main():
     num_prompts=args.batch, prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens
   )
   rows = bench(draft, target, prompts, lengths, configs, settings, args.repeats)
+  print(f"load average after the run: {os.getloadavg()[0]:.2f}")
   print()
   print(format_table(rows, rows[0]))
 

@@ -73,7 +73,19 @@ def _compiled(spec: DecodeSpec, mesh: jax.sharding.Mesh | None):
       out_specs=data,
       check_vma=False,
     )
-  return jax.jit(fn)
+  return jax.jit(fn, compiler_options=compiler_options(mesh))
+
+
+def compiler_options(mesh: jax.sharding.Mesh | None = None) -> dict[str, bool]:
+  """XLA options of the engine's program for the platform it runs on.
+
+  On CPU, copy insertion without region analysis copies a cache prefix twice per round
+  (the target's layer reads and the commit's in-place write share one while-loop buffer);
+  with it the commit updates the prefix in place, as on GPU and TPU (checked by
+  tests/test_engine.py::test_round_has_no_full_cache_copy).
+  """
+  platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
+  return {"xla_cpu_copy_insertion_use_region_analysis": True} if platform == "cpu" else {}
 
 
 def _check_method(draft, target, method, num_drafts, draft_len, rho):

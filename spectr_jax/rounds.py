@@ -112,16 +112,19 @@ def nonfinite_B(logits_BxXxV):
   return ~jnp.all(jnp.isfinite(logits_BxXxV), axis=tuple(range(1, logits_BxXxV.ndim)))
 
 
-def sample_BxK(key_B, step, probs_BxKxV):
-  """One draw per (row, tail) with key fold_in(fold_in(row key, step), tail)."""
+def draft_keys_LxBxK(key_B, num_steps: int, num_tails: int):
+  """The key of every draw of `draft`: fold_in(fold_in(row key, step), tail), L x B x K,
+  drawn in two batched calls before the draft loop."""
+  step_LxB = jax.vmap(lambda t: jax.vmap(jax.random.fold_in, (0, None))(key_B, t))(
+    jnp.arange(num_steps)
+  )
+  by_tail = jax.vmap(jax.random.fold_in, (None, 0))
+  return jax.vmap(jax.vmap(lambda key: by_tail(key, jnp.arange(num_tails))))(step_LxB)
 
-  def row(key, probs_KxV):
-    keys_K = jax.vmap(jax.random.fold_in, (None, 0))(
-      jax.random.fold_in(key, step), jnp.arange(probs_KxV.shape[0])
-    )
-    return jax.vmap(sampling.categorical)(keys_K, probs_KxV)
 
-  return jax.vmap(row)(key_B, probs_BxKxV)
+def sample_BxK(key_BxK, probs_BxKxV):
+  """One draw per (row, tail) with its own key."""
+  return jax.vmap(jax.vmap(sampling.categorical))(key_BxK, probs_BxKxV)
 
 
 def draft(spec, params, cache, state, key_B, traced):
@@ -136,20 +139,21 @@ def draft(spec, params, cache, state, key_B, traced):
   logits_BxKxV = jnp.take_along_axis(logits_BxKx2xV, index_BxKx1x1, axis=2)[:, :, 0]
   bad_B = nonfinite_B(logits_BxKxV)
   p_BxKxV = probs(spec, logits_BxKxV, traced)
-  x_BxK = sample_BxK(key_B, 0, p_BxKxV)
+  key_LxBxK = draft_keys_LxBxK(key_B, spec.draft_len, k)
+  x_BxK = sample_BxK(key_LxBxK[0], p_BxKxV)
 
-  def step(carry, t):
+  def step(carry, key_BxK):
     cache, x_BxK, bad_B = carry
     logits_BxKx1xV, cache = model.apply(
       {"params": params}, x_BxK[:, :, None], cache, method=Transformer.extend
     )
     bad_B |= nonfinite_B(logits_BxKx1xV)
     p_BxKxV = probs(spec, logits_BxKx1xV[:, :, 0], traced)
-    nxt_BxK = sample_BxK(key_B, t, p_BxKxV)
+    nxt_BxK = sample_BxK(key_BxK, p_BxKxV)
     return (cache, nxt_BxK, bad_B), (nxt_BxK, p_BxKxV)
 
   (cache, _, bad_B), (rest_TxBxK, rest_TxBxKxV) = jax.lax.scan(
-    step, (cache, x_BxK, bad_B), jnp.arange(1, spec.draft_len)
+    step, (cache, x_BxK, bad_B), key_LxBxK[1:]
   )
   drafts_BxKxL = jnp.concatenate([x_BxK[:, :, None], jnp.moveaxis(rest_TxBxK, 0, 2)], axis=2)
   p_BxKxLxV = jnp.concatenate([p_BxKxV[:, :, None], jnp.moveaxis(rest_TxBxKxV, 0, 2)], axis=2)
@@ -262,8 +266,9 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
   b, k = state.last_B.shape[0], spec.num_drafts
   active_B = ~state.done_B
   round_key_B = jax.vmap(jax.random.fold_in)(row_key_B, state.rounds_B)
-  draft_key_B = jax.vmap(jax.random.fold_in, (0, None))(round_key_B, 0)
-  verify_key_B = jax.vmap(jax.random.fold_in, (0, None))(round_key_B, 1)
+  # fold_in(round key, 0) drafts, fold_in(round key, 1) verifies: one batched call.
+  key_Bx2 = jax.vmap(jax.vmap(jax.random.fold_in, (None, 0)), (0, None))(round_key_B, jnp.arange(2))
+  draft_key_B, verify_key_B = key_Bx2[:, 0], key_Bx2[:, 1]
   if spec.draft_len > 0:
     drafts_BxKxL, p_BxKxLxV, draft_cache, bad_B = draft(
       spec, draft_params, state.draft_cache, state, draft_key_B, traced

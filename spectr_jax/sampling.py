@@ -1,5 +1,7 @@
 """Sampling from probability vectors: an exact categorical draw and the logit transform."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -149,13 +151,23 @@ def transform_probs(logits_XxV, temperature, *, top_k=None, top_p=None):
     probs_XxV, float32, rows summing to 1.
   """
   logits_XxV = logits_XxV.astype(jnp.float32)
+  temperature = jnp.asarray(temperature, jnp.float32)
+  # One branch runs (a select of both only under a vmap over temperature): sampling
+  # never pays the argmax pass and the one-hot select over V, greedy decoding no softmax.
+  return jax.lax.cond(
+    temperature <= 0,
+    lambda x_XxV: jax.nn.one_hot(jnp.argmax(x_XxV, axis=-1), x_XxV.shape[-1]),
+    functools.partial(_sampling_probs, temperature=temperature, top_k=top_k, top_p=top_p),
+    logits_XxV,
+  )
+
+
+def _sampling_probs(logits_XxV, *, temperature, top_k, top_p):
+  """`transform_probs` for temperature > 0."""
   if top_k is not None and top_k < logits_XxV.shape[-1]:
     kth_Xx1 = jax.lax.top_k(logits_XxV, top_k)[0][..., -1:]
     logits_XxV = jnp.where(logits_XxV >= kth_Xx1, logits_XxV, -jnp.inf)
-  temperature = jnp.asarray(temperature, jnp.float32)
-  greedy = temperature <= 0
-  scaled_XxV = logits_XxV / jnp.where(greedy, 1.0, temperature)
-  probs_XxV = jax.nn.softmax(scaled_XxV, axis=-1)
+  probs_XxV = jax.nn.softmax(logits_XxV / temperature, axis=-1)
   if top_p is not None:
     sorted_XxV = -jnp.sort(-probs_XxV, axis=-1)
     # The smallest kept probability is the one at the first rank where the sorted mass
@@ -169,5 +181,4 @@ def transform_probs(logits_XxV, temperature, *, top_k=None, top_p=None):
     floor_Xx1 = jnp.take_along_axis(sorted_XxV, last_Xx1, axis=-1)
     probs_XxV = jnp.where(probs_XxV >= floor_Xx1, probs_XxV, 0.0)
     probs_XxV = probs_XxV / jnp.sum(probs_XxV, axis=-1, keepdims=True)
-  onehot_XxV = jax.nn.one_hot(jnp.argmax(logits_XxV, axis=-1), logits_XxV.shape[-1])
-  return jnp.where(greedy, onehot_XxV, probs_XxV)
+  return probs_XxV

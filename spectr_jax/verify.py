@@ -237,6 +237,8 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
     return _block_walk(key, drafts_KxL, p_KxLxV, q_KxL1xV)
   num_drafts, draft_len = drafts_KxL.shape
   verifier = _VERIFIERS[method]
+  # The position keys fold_in(key, t), drawn in one batched call before the loop.
+  keys_L1 = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(draft_len + 1))
   zeros_L1 = jnp.zeros((draft_len + 1,), bool)
   init = _WalkState(
     t=jnp.int32(0),
@@ -258,9 +260,7 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
     p_V = jnp.where(in_draft, p_KxLxV[rep, t_draft], q_V)
     x_K = drafts_KxL[:, t_draft]
     valid_K = s.alive_K & in_draft
-    token, accepted, rho = verifier(
-      jax.random.fold_in(key, s.t), x_K, p_V, q_V, valid_K, rho_mode, rho_value
-    )
+    token, accepted, rho = verifier(keys_L1[s.t], x_K, p_V, q_V, valid_K, rho_mode, rho_value)
     match_K = valid_K & (x_K == token)
     hit = jnp.any(match_K)
     stats = BlockStats(

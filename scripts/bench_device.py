@@ -1,0 +1,100 @@
+"""The accelerator benchmark: the cost split of a round and the latency-model check.
+
+Runs `bench_decode.bench` (one row per (method, K, L): block efficiency, one engine
+round beside its separately timed draft, target and verify parts, the speedup predicted
+from those parts beside the measured one) on the default device, with random-weight
+PaLM-style models at the paper's size ratio (a ~1B target, a ~100M draft, bf16
+activations and caches) or a loaded pair of runs (`--draft`, `--target`). Random weights
+make the block efficiency meaningless (the models disagree); the cost split and the
+latency-model check do not depend on it. Eight configurations by default; compile plus
+run is meant to fit in 10 minutes on one GPU.
+
+Usage: python scripts/bench_device.py [--small] [--draft RUN --target RUN]
+         [--configs autoregressive:1:0,sd:1:4,...] [--batch 8] [--max_new_tokens 64]
+`--small` uses tiny models (a CPU smoke test of the script).
+"""
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from bench_decode import bench, format_table
+
+from spectr_jax import runs
+from spectr_jax.config import DecodeSettings
+from spectr_jax.models import ModelBundle, ModelConfig, count_params, init_params
+
+CONFIGS = "autoregressive:1:0,sd:1:4,kseq:4:4,kseq:8:4,kseq:8:8,optimal:8:4,gbv:4:4,gbv:8:4"
+VOCAB = 32_000
+# ~0.95B and ~97M parameters at V = 32k (the paper pairs a large target with a draft
+# about a tenth of its size).
+TARGET = dict(d_model=2048, num_layers=20, num_heads=16, num_kv_heads=2, head_dim=128, mlp_dim=5632)
+DRAFT = dict(d_model=768, num_layers=12, num_heads=12, num_kv_heads=1, head_dim=64, mlp_dim=2048)
+SMALL_VOCAB = 512
+SMALL_TARGET = dict(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128)
+SMALL_DRAFT = dict(d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, mlp_dim=64)
+
+
+def random_pair(small: bool, max_len: int, dtype: str) -> tuple[ModelBundle, ModelBundle]:
+  """Random-weight draft and target models (see the module docstring)."""
+  vocab, sizes = (SMALL_VOCAB, (SMALL_DRAFT, SMALL_TARGET)) if small else (VOCAB, (DRAFT, TARGET))
+  bundles = []
+  for seed, size in enumerate(sizes):
+    config = ModelConfig(vocab_size=vocab, max_len=max_len, dtype=dtype, **size)
+    bundles.append(ModelBundle(config, init_params(config, jax.random.key(seed))))
+  return bundles[0], bundles[1]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--small", action="store_true", help="tiny models: a CPU smoke test")
+  parser.add_argument("--draft", help="a draft run directory (with --target)")
+  parser.add_argument("--target", help="a target run directory (with --draft)")
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--prompt_len", type=int, default=16)
+  parser.add_argument("--max_new_tokens", type=int, default=64)
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--dtype", default="bfloat16")
+  parser.add_argument("--configs", default=CONFIGS, help="method:K:L,...")
+  args = parser.parse_args()
+  start = time.perf_counter()
+  if args.small:
+    args.batch, args.max_new_tokens, args.repeats = min(args.batch, 2), 16, 3
+  max_len = args.prompt_len + args.max_new_tokens + 9
+  if (args.draft is None) != (args.target is None):
+    parser.error("--draft and --target go together")
+  if args.draft is not None:
+    draft, target = runs.load_bundle(args.draft), runs.load_bundle(args.target)
+    what = f"runs {args.draft} / {args.target}"
+  else:
+    draft, target = random_pair(args.small, max_len, args.dtype)
+    what = "random weights" + (" (small)" if args.small else "")
+  vocab = target.config.num_logits
+  tokens = np.random.default_rng(0).integers(3, vocab, (args.batch, args.prompt_len))
+  prompts = jnp.asarray(tokens, jnp.int32)
+  lengths = jnp.full((args.batch,), args.prompt_len, jnp.int32)
+  configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
+  if configs[0][0] != "autoregressive":
+    configs.insert(0, ("autoregressive", 1, 0))
+  device = jax.devices()[0]
+  print(
+    f"{what}: draft {count_params(draft.params):,} params, target "
+    f"{count_params(target.params):,}, {target.config.dtype}; batch {args.batch}, "
+    f"{args.max_new_tokens} new tokens; device {device.platform} ({device.device_kind})"
+  )
+  settings = DecodeSettings(
+    num_prompts=args.batch,
+    prompt_len=args.prompt_len,
+    max_new_tokens=args.max_new_tokens,
+    stop_at_eos=False,
+  )
+  rows = bench(draft, target, prompts, lengths, configs, settings, args.repeats)
+  print()
+  print(format_table(rows, rows[0]))
+  print(f"\ntotal {time.perf_counter() - start:.0f} s (compile and run)")
+
+
+if __name__ == "__main__":
+  main()

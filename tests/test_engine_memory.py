@@ -1,0 +1,73 @@
+"""The engine's compiled program: its peak memory against the formula of
+docs/PERFORMANCE.md, and no full copy of a KV cache in a round (commits in place)."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from spectr_jax import engine, rounds
+from spectr_jax.models import ModelBundle, get_model_config, init_params
+
+V = 1024
+# (method, B, K, L, new tokens, prompt width): three sizes, three kinds of verifier.
+SIZES = [("sd", 2, 1, 4, 24, 8), ("kseq", 4, 4, 3, 40, 8), ("gbv", 3, 2, 5, 60, 16)]
+
+
+def _compile(method, b, k, draft_len, n, width):
+  """The compiled engine program and the (draft, target) configs with max_len = S."""
+  s = width + n + draft_len + 1
+  configs = [get_model_config(name, V, max_len=s) for name in ("draft-test", "target-test")]
+  draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
+  spec = engine.DecodeSpec(
+    method, k, draft_len, n, None, False, "star", draft.config, target.config
+  )
+  traced = rounds.Traced(
+    jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
+  )
+  args = (jax.random.key(0), jnp.arange(b), jnp.ones((b, width), jnp.int32), jnp.full((b,), width))
+  lowered = engine._compiled(spec, None).lower(*args, draft.params, target.params, traced)
+  return lowered.compile(), configs
+
+
+def _cache_bytes(config, k, r, s):
+  """Prefix and K tails of keys and values: 2 N (S + K R) Hk Dh bytes per row."""
+  width = config.num_kv_heads * config.head_dim * jnp.dtype(config.compute_dtype).itemsize
+  return 2 * config.num_layers * (s + k * r) * width
+
+
+@pytest.fixture(scope="module", params=SIZES, ids=[s[0] for s in SIZES])
+def program(request):
+  return request.param, *_compile(*request.param)
+
+
+@pytest.mark.slow
+def test_peak_memory_per_row_matches_the_formula(program):
+  (method, b, k, draft_len, n, width), compiled, configs = program
+  s, r = width + n + draft_len + 1, draft_len + 1
+  # docs/PERFORMANCE.md: both caches plus two K(L + 1) x V and two K L x V float32 arrays
+  # (target logits and q, the draft's stacked p and its concatenation); the block-level
+  # verifiers hold four more K(L + 1) x V (their per-position residuals).
+  arrays = 2 * (2 * draft_len + 1) + (4 * r if method in ("block", "gbv") else 0)
+  formula = sum(_cache_bytes(c, k, r, s) for c in configs) + arrays * k * V * 4
+  measured = compiled.memory_analysis().temp_size_in_bytes / b
+  assert 0.8 < measured / formula < 1.25, (measured, formula, measured / formula)
+
+
+@pytest.mark.slow
+def test_round_has_no_full_cache_copy(program):
+  (_, b, _, draft_len, n, width), compiled, configs = program
+  s = width + n + draft_len + 1
+  text = compiled.as_text()
+  # Prefixes only: `Transformer.extend` restacks the small K x R tails of its layers.
+  shapes = {(c.num_layers, b, s, c.num_kv_heads, c.head_dim) for c in configs}
+  copies = []
+  for line in text.splitlines():
+    m = re.search(r"= [a-z0-9]+\[([\d,]+)\]\S* copy\(", line)
+    if not m:
+      continue
+    shape = tuple(map(int, m.group(1).split(",")))
+    if shape in shapes:
+      copies.append(line.strip()[:160])
+  assert not copies, copies
