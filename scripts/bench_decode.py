@@ -11,8 +11,12 @@ prints one row per (method, K, L), all measured in the same run:
   - the predicted accelerator speedup of the latency model in `metrics.predicted_speedup`
     (target call flat in K(L+1), draft step cost = parameter ratio).
 
+With --draft_dir and --target_dir (Hugging Face checkpoints or training runs, e.g. a
+random checkpoint pair written by tests/hf_checkpoints.py) it times that pair on random
+prompts instead (all embedding rows are sampled: random weights, acceptance means nothing).
+
 Usage: python scripts/bench_decode.py [--batch 4] [--max_new_tokens 64]
-         [--configs autoregressive:1:0,sd:1:4,kseq:8:8,...]
+         [--configs autoregressive:1:0,sd:1:4,kseq:8:8,...] [--draft_dir D --target_dir T]
 """
 
 import argparse
@@ -220,8 +224,16 @@ def main():
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="method:K:L,...")
   parser.add_argument("--workdir", default=str(data.default_workdir()))
+  parser.add_argument("--draft_dir", help="a draft checkpoint or run directory")
+  parser.add_argument("--target_dir", help="a target checkpoint or run directory")
   args = parser.parse_args()
-  draft, target, heldout, what = load_pair(pathlib.Path(args.workdir))
+  if (args.draft_dir is None) != (args.target_dir is None):
+    parser.error("--draft_dir and --target_dir go together")
+  if args.draft_dir:
+    draft, target = (pairs.load_model(d) for d in (args.draft_dir, args.target_dir))
+    heldout, what = None, f"loaded {args.draft_dir} / {args.target_dir}"
+  else:
+    draft, target, heldout, what = load_pair(pathlib.Path(args.workdir))
   prompts, lengths = _prompts(heldout, args.batch, args.prompt_len, target.config.vocab_size)
   configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
   if configs[0][0] != "autoregressive":

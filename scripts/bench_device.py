@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from bench_decode import bench, format_table
 
-from spectr_jax import runs
+from spectr_jax import pairs
 from spectr_jax.config import DecodeSettings
 from spectr_jax.models import ModelBundle, ModelConfig, count_params, init_params
 
@@ -50,8 +50,12 @@ def random_pair(small: bool, max_len: int, dtype: str) -> tuple[ModelBundle, Mod
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--small", action="store_true", help="tiny models: a CPU smoke test")
-  parser.add_argument("--draft", help="a draft run directory (with --target)")
-  parser.add_argument("--target", help="a target run directory (with --draft)")
+  parser.add_argument(
+    "--draft", help="a draft run or Hugging Face checkpoint directory (with --target)"
+  )
+  parser.add_argument(
+    "--target", help="a target run or Hugging Face checkpoint directory (with --draft)"
+  )
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--prompt_len", type=int, default=16)
   parser.add_argument("--max_new_tokens", type=int, default=64)
@@ -66,8 +70,8 @@ def main():
   if (args.draft is None) != (args.target is None):
     parser.error("--draft and --target go together")
   if args.draft is not None:
-    draft, target = runs.load_bundle(args.draft), runs.load_bundle(args.target)
-    what = f"runs {args.draft} / {args.target}"
+    draft, target = (pairs.load_model(d, args.dtype) for d in (args.draft, args.target))
+    what = f"loaded {args.draft} / {args.target}"
   else:
     draft, target = random_pair(args.small, max_len, args.dtype)
     what = "random weights" + (" (small)" if args.small else "")

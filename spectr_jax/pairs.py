@@ -10,6 +10,7 @@ past them are padding), and the probability mass that drops is reported.
 
 import dataclasses
 import hashlib
+import json
 import pathlib
 from typing import Any
 
@@ -154,6 +155,16 @@ def load_pair(config: PairConfig) -> Pair:
     target_model=target_run.model,
     data_source=target_run.data.source,
   )
+
+
+def load_model(directory: str | pathlib.Path, dtype: str | None = None) -> ModelBundle:
+  """One model from a directory: a Hugging Face checkpoint (its config.json names a
+  model_type; loaded in `dtype`, None = as stored) or a training run of this project."""
+  path = pathlib.Path(directory).expanduser()
+  config = path / "config.json"
+  if config.is_file() and "model_type" in json.loads(config.read_text()):
+    return load_pretrained(path, dtype=dtype)
+  return runs.load_bundle(path)
 
 
 def _dropped_mass(bundle: ModelBundle, prompts: Prompts) -> float:
