@@ -127,10 +127,10 @@ def test_grid_is_checked_against_the_pair_folders(tmp_path, monkeypatch):
 def test_typo_in_a_pair_folder_is_an_error_not_a_training_run(tmp_path, monkeypatch):
   monkeypatch.setenv("SPECTR_WORKDIR", str(tmp_path))
   monkeypatch.setattr(pairs.train, "train", lambda *a, **k: pytest.fail("trained a model"))
-  pair = dataclasses.replace(sweep_config(tmp_path).pair, draft_workdir="draft-tset")
-  with pytest.raises(pairs.MissingPairError, match="draft-tset"):
-    pairs.load_pair(pair)
-  assert not (tmp_path / "draft-tset").exists()
+  pair = dataclasses.replace(sweep_config(tmp_path).pair, target_workdir="target-tset")
+  with pytest.raises(pairs.MissingPairError, match="target-tset"):
+    pairs.load_pair(pair)  # The target comes first (a distilled draft needs it).
+  assert not (tmp_path / "target-tset").exists()
 
 
 def test_missing_pair_is_an_error_naming_folders_and_command(tmp_path, monkeypatch):
@@ -140,12 +140,12 @@ def test_missing_pair_is_an_error_naming_folders_and_command(tmp_path, monkeypat
   with pytest.raises(pairs.MissingPairError) as error:
     pairs.load_pair(pair)  # trains nothing: no checkpoint there
   message = str(error.value)
-  assert str(tmp_path / pair.draft_workdir) in message and "experiments.train" in message
-  assert "train_missing=True" in message and not (tmp_path / pair.draft_workdir).exists()
+  assert str(tmp_path / pair.target_workdir) in message and "configs/target.py" in message
+  assert "train_missing=True" in message and not (tmp_path / pair.target_workdir).exists()
   trained = dataclasses.replace(pair, kind="trained")
   with pytest.raises(pairs.MissingPairError, match="config.json is missing"):
     pairs.load_pair(trained)
-  with pytest.raises(NotImplementedError, match="open-weights"):
+  with pytest.raises(ValueError, match="no tokenizer.json"):
     pairs.load_pair(dataclasses.replace(pair, kind="pretrained"))
   with pytest.raises(ValueError, match="train_missing needs"):
     dataclasses.replace(trained, train_missing=True)
