@@ -33,18 +33,14 @@ METHODS = tuple(
   if m in config_lib.METHODS
 )
 
+# The ARG items every sweep config takes (configs/rho_ablation.py too).
+ARGS = dict(runlocal=False, test=False, source="embedded", path="", plain_draft=False)
+ARGS.update(pretrained.ARGS)
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the sweep config (`spectr_jax.config.SweepConfig.from_dict` converts it)."""
-  arg = common.parse_arg(
-    arg,
-    runlocal=False,
-    test=False,
-    source="embedded",
-    path="",
-    plain_draft=False,
-    **pretrained.ARGS,
-  )
+  arg = common.parse_arg(arg, **ARGS)
   pair_arg = "test" if arg.test else f"source={arg.source},path={arg.path}"
   suffix = "-test" if arg.test else ("" if arg.source == "embedded" else f"-{arg.source}")
   c = ml_collections.ConfigDict()

@@ -11,20 +11,12 @@ Two parts on the same pair and prompts (ARG as in `configs/lm1b_spectr.py`):
 
 import ml_collections
 
-from configs import common, lm1b_spectr, pretrained
+from configs import common, lm1b_spectr
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the ablation config (`spectr_jax.config.RhoAblationConfig.from_dict`)."""
-  parsed = common.parse_arg(
-    arg,
-    runlocal=False,
-    test=False,
-    source="embedded",
-    path="",
-    plain_draft=False,
-    **pretrained.ARGS,
-  )
+  parsed = common.parse_arg(arg, **lm1b_spectr.ARGS)
   c = ml_collections.ConfigDict()
   c.sweep = lm1b_spectr.get_config(arg)  # The decoding sweep: pair, prompts, sampling.
   c.sweep.name = c.sweep.name.replace("lm1b_spectr", "rho_ablation")  # Its results dir.

@@ -24,6 +24,7 @@ import time
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_REPO))  # tests/hf_checkpoints.py writes the checkpoint
 
+from spectr_jax.timing import markdown_table  # noqa: E402
 from tests import hf_checkpoints  # noqa: E402
 
 _CHILD = """
@@ -72,11 +73,7 @@ def format_table(rows: list[dict]) -> str:
     ("peak_mb", "peak RSS MB", "{:.0f}"),
     ("over", "(peak - import) / params", "{:.2f}"),
   ]
-  lines = ["| " + " | ".join(title for _, title, _ in cols) + " |"]
-  lines.append("|" + "---|" * len(cols))
-  for row in rows:
-    lines.append("| " + " | ".join(fmt.format(row[key]) for key, _, fmt in cols) + " |")
-  return "\n".join(lines)
+  return markdown_table(rows, cols)
 
 
 def main():

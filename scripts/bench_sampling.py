@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from spectr_jax import sampling
-from spectr_jax.timing import median_seconds
+from spectr_jax.timing import markdown_table, median_seconds
 
 
 def old_categorical(key, weights_V):
@@ -54,11 +54,7 @@ def format_table(rows: list[dict]) -> str:
     ("new_R", "new vmapped ms", "{:.3f}"),
     ("ratio_R", "new/old (vmapped)", "{:.2f}"),
   ]
-  lines = ["| " + " | ".join(title for _, title, _ in cols) + " |"]
-  lines.append("|" + "---|" * len(cols))
-  for row in rows:
-    lines.append("| " + " | ".join(fmt.format(row[key]) for key, _, fmt in cols) + " |")
-  return "\n".join(lines)
+  return markdown_table(rows, cols)
 
 
 def main():

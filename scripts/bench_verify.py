@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from spectr_jax import sampling, verify
-from spectr_jax.timing import median_seconds
+from spectr_jax.timing import markdown_table, median_seconds
 
 WIDTH = 1024
 
@@ -80,12 +80,7 @@ def format_table(rows: list[dict]) -> str:
     ("matmul", "out-layer ms", "{:.3f}"),
     ("share", "kseq block / out-layer", "{:.2f}"),
   ]
-  lines = ["| " + " | ".join(title for _, title, _ in cols) + " |"]
-  lines.append("|" + "---|" * len(cols))
-  for row in rows:
-    cells = [fmt.format(row[key]) if key in row else "-" for key, _, fmt in cols]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+  return markdown_table(rows, cols)
 
 
 def main():
