@@ -6,8 +6,9 @@ prints one row per (method, K, L), all measured in the same run:
   - block efficiency (tokens per target call) and tokens/s of `engine.generate`;
   - wall-clock speedup over autoregressive decoding measured here;
   - one round's time split into draft (L steps), target (one call over K(L+1) positions)
-    and verification (the block walk), each timed alone, and the engine overhead: the
-    measured round time minus those three;
+    and verification (the block walk), each timed alone; the three chained in one loop
+    as in a round; the round over the sum of the parts, and the bookkeeping share
+    1 - chained / round (the commit, the statistics, the keys and the loop itself);
   - the predicted accelerator speedup of the latency model in `metrics.predicted_speedup`
     (target call flat in K(L+1), draft step cost = parameter ratio).
 
@@ -32,7 +33,7 @@ from spectr_jax import data, engine, pairs, rounds
 from spectr_jax.config import DecodeSettings, PairConfig
 from spectr_jax.metrics import predicted_speedup
 from spectr_jax.models import ModelBundle, count_params, get_model_config, init_params, reset_tails
-from spectr_jax.timing import median_seconds
+from spectr_jax.timing import interleaved_medians
 
 DEFAULT_CONFIGS = (
   "autoregressive:1:0,sd:1:4,sd:1:8,kseq:2:4,kseq:4:4,kseq:8:4,specinfer:8:4,kseq:8:8"
@@ -61,18 +62,22 @@ def _prompts(heldout, batch, prompt_len, vocab):
   return jnp.asarray(tokens, jnp.int32), jnp.full((batch,), prompt_len, jnp.int32)
 
 
-def _per_call(step, carry, repeats, calls=16):
-  """Seconds per call of `step` (carry -> carry), run `calls` times inside one jit.
+CALLS = 16  # calls of a part per timed loop
+
+
+def _looped(step):
+  """`CALLS` calls of `step(params, carry) -> carry` inside one jit, params an argument.
 
   Looping inside jit leaves out the per-call dispatch cost that a decode round (one
   iteration of the engine's while_loop) does not pay either; each call consumes the
-  previous call's output, so nothing is hoisted out of the loop.
+  previous call's output, so nothing is hoisted out of the loop. The parameters are
+  arguments, as in the engine (closed over, XLA would fold them into the program as
+  constants and could pre-pack the weights of every matmul at compile time).
   """
-  looped = jax.jit(
-    lambda c: jax.lax.fori_loop(0, calls, lambda _, c: step(c), c),
+  return jax.jit(
+    lambda params, c: jax.lax.fori_loop(0, CALLS, lambda _, c: step(params, c), c),
     compiler_options=engine.compiler_options(),
   )
-  return median_seconds(looped, carry, repeats=repeats) / calls
 
 
 def _varying(*xs):
@@ -81,73 +86,78 @@ def _varying(*xs):
   return jax.lax.optimization_barrier(xs)
 
 
-def component_times(spec, draft, target, prompts, lengths, repeats, traced=None):
-  """Seconds of one round's parts, each timed alone in a loop (see `_per_call`): draft (L
-  draft steps and their sampling), target (one call over K(L + 1) positions and its
-  probabilities), verify (the block walk on those p and q), and the prefill."""
+def part_timers(spec, draft, target, prompts, lengths, traced=None):
+  """One round's parts as timers `name -> (fn, args)`, each running the part `CALLS`
+  times in a loop (see `_looped`): draft (L draft steps and their sampling), target (one
+  call over K(L + 1) positions and its probabilities) and verify (the block walk on
+  those p and q), and the three chained in one loop as in a round (each part's output
+  feeding the next; tails reset instead of the commit): a round minus "chained" is its
+  bookkeeping, "chained" minus the parts is what running them together costs (on a CPU,
+  mostly weights and caches no longer warm in the processor's caches)."""
   if traced is None:
     traced = rounds.Traced(
       jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
     )
   draft_params = draft.params if spec.draft_len else None
-  init = jax.jit(functools.partial(rounds.init_state, spec))
-  state = init(draft_params, target.params, prompts, lengths)
+  state = jax.jit(functools.partial(rounds.init_state, spec))(
+    draft_params, target.params, prompts, lengths
+  )
   keys = jax.random.split(jax.random.key(0), prompts.shape[0])
-  times = {"draft": 0.0}
+  timers = {}
   b, k = prompts.shape[0], spec.num_drafts
   drafts = jnp.zeros((b, k, 0), jnp.int32)
   p = None
   if spec.draft_len:
 
-    def draft_step(carry):
+    def draft_step(params, carry):
       cache, keys = carry
-      d, _, cache, _ = rounds.draft(spec, draft.params, cache, state, keys, traced)
+      d, _, cache, _ = rounds.draft(spec, params, cache, state, keys, traced)
       return reset_tails(cache), jax.vmap(jax.random.fold_in)(keys, d[:, 0, 0])
 
-    times["draft"] = _per_call(draft_step, (state.draft_cache, keys), repeats)
-    draft_fn = jax.jit(functools.partial(rounds.draft, spec, draft.params, traced=traced))
-    drafts, p, _, _ = draft_fn(state.draft_cache, state, keys)
+    timers["draft"] = (_looped(draft_step), (draft_params, (state.draft_cache, keys)))
+    draft_fn = jax.jit(functools.partial(rounds.draft, spec, traced=traced))
+    drafts, p, _, _ = draft_fn(draft_params, state.draft_cache, state, keys)
 
-  def score(cache, drafts):
-    q, cache, _ = rounds.score(spec, target.params, cache, state.last_B, drafts, traced)
+  def score(params, cache, drafts):
+    q, cache, _ = rounds.score(spec, params, cache, state.last_B, drafts, traced)
     return q, reset_tails(cache)
 
-  def target_step(carry):
+  def target_step(params, carry):
     q, cache, drafts = carry
-    q, cache = score(cache, drafts)
+    q, cache = score(params, cache, drafts)
     return q, cache, _varying(drafts + (q[:, :1, :1, 0] < 0))[0]
 
-  q, _ = jax.jit(score)(state.target_cache, drafts)
-  times["target"] = _per_call(target_step, (q, state.target_cache, drafts), repeats)
+  q, _ = jax.jit(score)(target.params, state.target_cache, drafts)
+  timers["target"] = (_looped(target_step), (target.params, (q, state.target_cache, drafts)))
 
-  def verify_step(carry):
+  def verify_step(_, carry):
     keys, p, q = carry
     out, _, _ = rounds.verify_rows(spec, keys, drafts, p, q, traced)
     return _varying(jax.vmap(jax.random.fold_in)(keys, out[:, 0]), p, q)
 
-  times["verify"] = _per_call(verify_step, (keys, p, q), repeats)
-  times["prefill"] = median_seconds(
-    init, draft_params, target.params, prompts, lengths, repeats=repeats
-  )
-  return times
+  timers["verify"] = (_looped(verify_step), (None, (keys, p, q)))
 
+  def chained_step(params, carry):
+    draft_cache, target_cache, keys = carry
+    d, p = drafts, None
+    if spec.draft_len:
+      d, p, draft_cache, _ = rounds.draft(spec, params[0], draft_cache, state, keys, traced)
+      draft_cache = reset_tails(draft_cache)
+    q, target_cache = score(params[1], target_cache, d)
+    out, _, _ = rounds.verify_rows(spec, keys, d, p, q, traced)
+    return draft_cache, target_cache, jax.vmap(jax.random.fold_in)(keys, out[:, 0])
 
-def round_seconds(run, max_new_tokens, repeats):
-  """Seconds per round of the engine and the GenerateOutput of a full run.
-
-  A run of `max_new_tokens` minus a run of one token (the prefill, one round and the
-  per-call cost of `generate`), over the rounds between them."""
-  out = run(jax.random.key(0), max_new_tokens=max_new_tokens)
-  one = run(jax.random.key(0), max_new_tokens=1)
-  tokens = lambda key, n: run(key, max_new_tokens=n).tokens_BxT
-  full_s = median_seconds(tokens, jax.random.key(0), max_new_tokens, repeats=repeats)
-  one_s = median_seconds(tokens, jax.random.key(0), 1, repeats=repeats)
-  extra = int(np.max(np.asarray(out.stats.rounds_B))) - int(np.max(np.asarray(one.stats.rounds_B)))
-  return (full_s - one_s) / max(extra, 1), full_s, out
+  carry = (state.draft_cache, state.target_cache, keys)
+  timers["chained"] = (_looped(chained_step), ((draft_params, target.params), carry))
+  return timers
 
 
 def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, repeats):
-  """One row per (method, K, L); the first config must be autoregressive (the baseline)."""
+  """One row per (method, K, L); the first config must be autoregressive (the baseline).
+
+  The round is (a run of `max_new_tokens` - a run of one token) / (the rounds between
+  them), so the prefill and the per-call cost of `generate` cancel; both runs and the
+  parts are timed round-robin (`interleaved_medians`)."""
   cost_ratio = count_params(draft.params) / count_params(target.params)
   max_new_tokens = settings.max_new_tokens
   rows = []
@@ -156,13 +166,20 @@ def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, re
     kw.update(method=method, num_drafts=num_drafts, draft_len=draft_len)
     kw.update(settings.sampling_args())
     run = functools.partial(engine.generate, **kw)
-    round_s, seconds, out = round_seconds(run, max_new_tokens, repeats)
+    out = run(jax.random.key(0), max_new_tokens=max_new_tokens)
+    one = run(jax.random.key(0), max_new_tokens=1)
+    extra = int(np.max(np.asarray(out.stats.rounds_B)) - np.max(np.asarray(one.stats.rounds_B)))
+    tokens = lambda n, run=run: run(jax.random.key(0), max_new_tokens=n).tokens_BxT
     spec = engine.DecodeSpec(
       method, num_drafts, draft_len, max_new_tokens, None, False, "star",
       draft.config if draft_len else None, target.config,
     )  # fmt: skip
-    parts = component_times(spec, draft, target, prompts, lengths, repeats)
-    parts_s = parts["draft"] + parts["target"] + parts["verify"]
+    timers = {"full": (tokens, (max_new_tokens,)), "one": (tokens, (1,))}
+    timers.update(part_timers(spec, draft, target, prompts, lengths))
+    t = interleaved_medians(timers, repeats)
+    round_s = (t["full"] - t["one"]) / max(extra, 1)
+    parts = {name: t.get(name, 0.0) / CALLS for name in ("draft", "target", "verify")}
+    parts_s = sum(parts.values())
     emitted_B = np.asarray(out.stats.emitted_B)
     loop_rounds = int(np.max(np.asarray(out.stats.rounds_B)))
     row = dict(
@@ -171,14 +188,15 @@ def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, re
       L=draft_len,
       efficiency=float(out.stats.block_efficiency),
       batch_efficiency=float(np.mean(emitted_B)) / loop_rounds,
-      tokens_per_s=float(np.sum(np.asarray(out.lengths_B))) / seconds,
+      tokens_per_s=float(np.sum(np.asarray(out.lengths_B))) / t["full"],
       round_ms=1e3 * round_s,
       draft_ms=1e3 * parts["draft"],
       target_ms=1e3 * parts["target"],
       verify_ms=1e3 * parts["verify"],
       parts_ms=1e3 * parts_s,
+      chained_ms=1e3 * t["chained"] / CALLS,
       round_over_parts=round_s / parts_s,
-      overhead=1.0 - parts_s / round_s,
+      bookkeeping=1.0 - t["chained"] / CALLS / round_s,
       predicted=predicted_speedup(float(out.stats.block_efficiency), draft_len, cost_ratio),
     )
     base = rows[0] if rows else row
@@ -204,8 +222,9 @@ def format_table(rows, baseline):
     ("target_ms", "target ms", "{:.2f}"),
     ("verify_ms", "verify ms", "{:.2f}"),
     ("parts_ms", "sum of parts ms", "{:.2f}"),
+    ("chained_ms", "parts chained ms", "{:.2f}"),
     ("round_over_parts", "round / parts", "{:.2f}"),
-    ("overhead", "overhead", "{:.0%}"),
+    ("bookkeeping", "bookkeeping", "{:.0%}"),
     ("predicted_here", "speedup predicted (parts)", "{:.2f}x"),
     ("measured_here", "speedup measured", "{:.2f}x"),
     ("predicted", "predicted accel. speedup", "{:.2f}x"),

@@ -128,35 +128,45 @@ def sample_BxK(key_BxK, probs_BxKxV):
 
 
 def draft(spec, params, cache, state, key_B, traced):
-  """K drafts of L tokens per row: (drafts_BxKxL, p_BxKxLxV, cache, nonfinite_B)."""
+  """K drafts of L tokens per row: (drafts_BxKxL, p_BxKxLxV, cache, nonfinite_B).
+
+  The pending tokens open every tail (only the last one's logits are computed); L - 1
+  steps under `lax.scan` follow, each writing its p in place into p_BxKxLxV."""
   model = Transformer(spec.draft_config)
-  b, k = state.last_B.shape[0], spec.num_drafts
+  b, k, n = state.last_B.shape[0], spec.num_drafts, spec.draft_len
   tokens_BxKx2 = jnp.broadcast_to(state.pending_Bx2[:, None, :], (b, k, 2))
-  logits_BxKx2xV, cache = model.apply(
-    {"params": params}, tokens_BxKx2, cache, state.num_pending_B, method=Transformer.extend
+  logits_BxKxV, cache = model.apply(
+    {"params": params},
+    tokens_BxKx2,
+    cache,
+    state.num_pending_B,
+    state.num_pending_B - 1,
+    method=Transformer.extend,
   )
-  index_BxKx1x1 = jnp.broadcast_to((state.num_pending_B - 1)[:, None, None, None], (b, k, 1, 1))
-  logits_BxKxV = jnp.take_along_axis(logits_BxKx2xV, index_BxKx1x1, axis=2)[:, :, 0]
   bad_B = nonfinite_B(logits_BxKxV)
   p_BxKxV = probs(spec, logits_BxKxV, traced)
-  key_LxBxK = draft_keys_LxBxK(key_B, spec.draft_len, k)
+  key_LxBxK = draft_keys_LxBxK(key_B, n, k)
   x_BxK = sample_BxK(key_LxBxK[0], p_BxKxV)
+  p_BxKxLxV = jnp.zeros((b, k, n) + p_BxKxV.shape[-1:], p_BxKxV.dtype)
+  p_BxKxLxV = p_BxKxLxV.at[:, :, 0].set(p_BxKxV)
+  drafts_BxKxL = jnp.zeros((b, k, n), jnp.int32).at[:, :, 0].set(x_BxK)
 
-  def step(carry, key_BxK):
-    cache, x_BxK, bad_B = carry
+  def step(carry, t):
+    cache, drafts_BxKxL, p_BxKxLxV, bad_B = carry
+    x_BxKx1 = jax.lax.dynamic_slice_in_dim(drafts_BxKxL, t - 1, 1, axis=2)
     logits_BxKx1xV, cache = model.apply(
-      {"params": params}, x_BxK[:, :, None], cache, method=Transformer.extend
+      {"params": params}, x_BxKx1, cache, method=Transformer.extend
     )
     bad_B |= nonfinite_B(logits_BxKx1xV)
-    p_BxKxV = probs(spec, logits_BxKx1xV[:, :, 0], traced)
-    nxt_BxK = sample_BxK(key_BxK, p_BxKxV)
-    return (cache, nxt_BxK, bad_B), (nxt_BxK, p_BxKxV)
+    p_BxKx1xV = probs(spec, logits_BxKx1xV, traced)
+    nxt_BxKx1 = sample_BxK(key_LxBxK[t], p_BxKx1xV[:, :, 0])[:, :, None]
+    drafts_BxKxL = jax.lax.dynamic_update_slice_in_dim(drafts_BxKxL, nxt_BxKx1, t, axis=2)
+    p_BxKxLxV = jax.lax.dynamic_update_slice_in_dim(p_BxKxLxV, p_BxKx1xV, t, axis=2)
+    return (cache, drafts_BxKxL, p_BxKxLxV, bad_B), None
 
-  (cache, _, bad_B), (rest_TxBxK, rest_TxBxKxV) = jax.lax.scan(
-    step, (cache, x_BxK, bad_B), key_LxBxK[1:]
+  (cache, drafts_BxKxL, p_BxKxLxV, bad_B), _ = jax.lax.scan(
+    step, (cache, drafts_BxKxL, p_BxKxLxV, bad_B), jnp.arange(1, n)
   )
-  drafts_BxKxL = jnp.concatenate([x_BxK[:, :, None], jnp.moveaxis(rest_TxBxK, 0, 2)], axis=2)
-  p_BxKxLxV = jnp.concatenate([p_BxKxV[:, :, None], jnp.moveaxis(rest_TxBxKxV, 0, 2)], axis=2)
   return drafts_BxKxL, p_BxKxLxV, cache, bad_B
 
 
@@ -265,34 +275,42 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
   """
   b, k = state.last_B.shape[0], spec.num_drafts
   active_B = ~state.done_B
-  round_key_B = jax.vmap(jax.random.fold_in)(row_key_B, state.rounds_B)
-  # fold_in(round key, 0) drafts, fold_in(round key, 1) verifies: one batched call.
-  key_Bx2 = jax.vmap(jax.vmap(jax.random.fold_in, (None, 0)), (0, None))(round_key_B, jnp.arange(2))
-  draft_key_B, verify_key_B = key_Bx2[:, 0], key_Bx2[:, 1]
+  with jax.named_scope("keys"):
+    round_key_B = jax.vmap(jax.random.fold_in)(row_key_B, state.rounds_B)
+    # fold_in(round key, 0) drafts, fold_in(round key, 1) verifies: one batched call.
+    fold = jax.vmap(jax.vmap(jax.random.fold_in, (None, 0)), (0, None))
+    key_Bx2 = fold(round_key_B, jnp.arange(2))
+    draft_key_B, verify_key_B = key_Bx2[:, 0], key_Bx2[:, 1]
   if spec.draft_len > 0:
-    drafts_BxKxL, p_BxKxLxV, draft_cache, bad_B = draft(
-      spec, draft_params, state.draft_cache, state, draft_key_B, traced
-    )
+    with jax.named_scope("draft"):
+      drafts_BxKxL, p_BxKxLxV, draft_cache, bad_B = draft(
+        spec, draft_params, state.draft_cache, state, draft_key_B, traced
+      )
   else:
     drafts_BxKxL = jnp.zeros((b, k, 0), jnp.int32)
     p_BxKxLxV, draft_cache, bad_B = None, state.draft_cache, jnp.zeros((b,), bool)
-  q_BxKxL1xV, target_cache, target_bad_B = score(
-    spec, target_params, state.target_cache, state.last_B, drafts_BxKxL, traced
-  )
+  with jax.named_scope("score"):
+    q_BxKxL1xV, target_cache, target_bad_B = score(
+      spec, target_params, state.target_cache, state.last_B, drafts_BxKxL, traced
+    )
   bad_B |= target_bad_B
-  tokens_BxL1, num_B, block = verify_rows(
-    spec, verify_key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced
-  )
-  emitted = _emit(spec, state, tokens_BxL1, num_B, bad_B, traced)
-  out_BxW = jax.vmap(lambda out, new, at: jax.lax.dynamic_update_slice(out, new, (at,)))(
-    state.out_BxW, tokens_BxL1, state.num_out_B
-  )
-  num_out_B = state.num_out_B + emitted.emit_B
-  ended_B = emitted.live_B & (emitted.first_eos_B < emitted.emit_B)
-  done_B = state.done_B | bad_B | ended_B | (num_out_B >= spec.max_new_tokens)
-  target_cache, draft_cache, last_B, pending_Bx2, num_pending_B = _commit(
-    spec, state, target_cache, draft_cache, drafts_BxKxL, tokens_BxL1, num_B, emitted.live_B
-  )
+  with jax.named_scope("verify"):
+    tokens_BxL1, num_B, block = verify_rows(
+      spec, verify_key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced
+    )
+  with jax.named_scope("commit"):
+    emitted = _emit(spec, state, tokens_BxL1, num_B, bad_B, traced)
+    out_BxW = jax.vmap(lambda out, new, at: jax.lax.dynamic_update_slice(out, new, (at,)))(
+      state.out_BxW, tokens_BxL1, state.num_out_B
+    )
+    num_out_B = state.num_out_B + emitted.emit_B
+    ended_B = emitted.live_B & (emitted.first_eos_B < emitted.emit_B)
+    done_B = state.done_B | bad_B | ended_B | (num_out_B >= spec.max_new_tokens)
+    target_cache, draft_cache, last_B, pending_Bx2, num_pending_B = _commit(
+      spec, state, target_cache, draft_cache, drafts_BxKxL, tokens_BxL1, num_B, emitted.live_B
+    )
+  with jax.named_scope("stats"):
+    stats = _count(spec, state.stats, emitted, block, bad_B, active_B)
   return State(
     rounds_B=state.rounds_B + active_B,
     done_B=done_B,
@@ -303,7 +321,7 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
     num_out_B=num_out_B,
     target_cache=target_cache,
     draft_cache=draft_cache,
-    stats=_count(spec, state.stats, emitted, block, bad_B, active_B),
+    stats=stats,
   )
 
 

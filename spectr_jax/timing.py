@@ -18,6 +18,21 @@ def median_seconds(fn: Callable, *args, repeats: int = 5) -> float:
   return statistics.median(times)
 
 
+def interleaved_medians(timers: dict[str, tuple[Callable, tuple]], repeats: int = 5) -> dict:
+  """Median wall time of every timer `name -> (fn, args)` (results blocked on), after one
+  warm-up call each, run round-robin: every repeat times each timer once, so a change of
+  the machine's load moves all of them alike and their ratios stay meaningful."""
+  for fn, args in timers.values():
+    jax.block_until_ready(fn(*args))
+  times = {name: [] for name in timers}
+  for _ in range(repeats):
+    for name, (fn, args) in timers.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[name].append(time.perf_counter() - start)
+  return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def markdown_table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
   """A markdown table of `rows`, one column per (key, title, format spec) of `cols` ("-"
   where a row has no such key)."""

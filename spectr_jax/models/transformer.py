@@ -222,7 +222,11 @@ class Transformer(nn.Module):
     return logits_BxTxV, cache
 
   def extend(
-    self, tokens_BxKxT: jax.Array, cache: KVCache, num_new_B: jax.Array | None = None
+    self,
+    tokens_BxKxT: jax.Array,
+    cache: KVCache,
+    num_new_B: jax.Array | None = None,
+    logits_at_B: jax.Array | None = None,
   ) -> tuple[jax.Array, KVCache]:
     """Appends T tokens to each of the K tails of every row.
 
@@ -234,10 +238,13 @@ class Transformer(nn.Module):
       tokens_BxKxT: int token ids; row b's first num_new_B[b] tokens are valid.
       cache: the cache; tail_len + T must not exceed R (later entries are dropped).
       num_new_B: int, how many of the T tokens of each row are valid (default T).
+      logits_at_B: int in [0, T), or None: only the logits of token logits_at_B[b] of
+        each tail are computed (the output layer runs on one position per tail).
 
     Returns:
-      logits_BxKxTxV (arbitrary at padded tokens) and the cache with
-      tail_len += num_new_B (padding is written past the new length, never attended).
+      logits_BxKxTxV (arbitrary at padded tokens), or logits_BxKxV with logits_at_B, and
+      the cache with tail_len += num_new_B (padding is written past the new length,
+      never attended).
     """
     b, k, t = tokens_BxKxT.shape
     if (b, k) != (cache.B, cache.K):
@@ -274,4 +281,8 @@ class Transformer(nn.Module):
       tail_v=jnp.stack(tails_v),
       tail_len=cache.tail_len + num_new_B.astype(jnp.int32)[:, None],
     )
+    if logits_at_B is not None:
+      at_BxKx1x1 = jnp.broadcast_to(logits_at_B[:, None, None, None], (b, k, 1, 1))
+      x_BxKxD = jnp.take_along_axis(x_BxKxTxD, at_BxKx1x1, axis=2)[:, :, 0]
+      return self._logits(x_BxKxD), cache
     return self._logits(x_BxKxTxD), cache
