@@ -35,7 +35,7 @@ from spectr_jax.models import ModelBundle
 from spectr_jax.rounds import DecodeSpec, DecodeStats, Traced
 from spectr_jax.sharding import DATA_AXIS
 
-__all__ = ["METHODS", "DecodeSpec", "DecodeStats", "GenerateOutput", "generate"]
+__all__ = ["METHODS", "DecodeSpec", "DecodeStats", "GenerateOutput", "compiled_program", "generate"]
 
 METHODS = ("autoregressive",) + verify.METHODS
 
@@ -62,7 +62,10 @@ def _decode(spec, key, prompt_ids_B, prompts_BxP, lengths_B, draft_params, targe
 
 
 @functools.cache
-def _compiled(spec: DecodeSpec, mesh: jax.sharding.Mesh | None):
+def compiled_program(spec: DecodeSpec, mesh: jax.sharding.Mesh | None = None):
+  """The jitted program that `generate` runs for `spec` (cached; for inspecting its HLO,
+  memory or profile): (key, prompt_ids_B, prompts_BxP, lengths_B, draft_params,
+  target_params, traced) -> GenerateOutput."""
   fn = functools.partial(_decode, spec)
   if mesh is not None:
     data, rep = PartitionSpec(DATA_AXIS), PartitionSpec()
@@ -249,7 +252,8 @@ def generate(
     replicated = NamedSharding(mesh, PartitionSpec())
     draft_params, target_params = jax.device_put((draft_params, target_params), replicated)
     prompts, lengths, ids = _pad_rows(-b % mesh.shape[DATA_AXIS], prompts, lengths, ids)
-  out = _compiled(spec, mesh)(key, ids, prompts, lengths, draft_params, target_params, traced)
+  program = compiled_program(spec, mesh)
+  out = program(key, ids, prompts, lengths, draft_params, target_params, traced)
   if mesh is not None:
     out = jax.tree.map(lambda x: x[:b], out)
   return out

@@ -256,7 +256,7 @@ def test_second_call_does_not_recompile(models):
   engine.generate(
     jax.random.key(0), prompts=prompts, prompt_lengths=jnp.asarray([3, 2]), rho=1.5, **kw
   )
-  compiled = engine._compiled(
+  compiled = engine.compiled_program(
     engine.DecodeSpec("kseq", 2, 2, 5, None, True, "fixed", draft.config, target.config), None
   )
   before = compiled._cache_size()

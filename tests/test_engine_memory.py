@@ -27,7 +27,7 @@ def _compile(method, b, k, draft_len, n, width):
     jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
   )
   args = (jax.random.key(0), jnp.arange(b), jnp.ones((b, width), jnp.int32), jnp.full((b,), width))
-  lowered = engine._compiled(spec, None).lower(*args, draft.params, target.params, traced)
+  lowered = engine.compiled_program(spec, None).lower(*args, draft.params, target.params, traced)
   return lowered.compile(), configs
 
 
@@ -47,7 +47,7 @@ def test_peak_memory_per_row_matches_the_formula(program):
   (method, b, k, draft_len, n, width), compiled, configs = program
   s, r = width + n + draft_len + 1, draft_len + 1
   # docs/PERFORMANCE.md: both caches plus two K(L + 1) x V and two K L x V float32 arrays
-  # (target logits and q, the draft's stacked p and its concatenation); the block-level
+  # (target logits and q, the draft's p and the draft loop's carry of it); the block-level
   # verifiers hold four more K(L + 1) x V (their per-position residuals).
   arrays = 2 * (2 * draft_len + 1) + (4 * r if method in ("block", "gbv") else 0)
   formula = sum(_cache_bytes(c, k, r, s) for c in configs) + arrays * k * V * 4
@@ -60,7 +60,8 @@ def test_round_has_no_full_cache_copy(program):
   (_, b, _, draft_len, n, width), compiled, configs = program
   s = width + n + draft_len + 1
   text = compiled.as_text()
-  # Prefixes only: `Transformer.extend` restacks the small K x R tails of its layers.
+  # Prefixes only: the tails are written in place too, but the commit gathers each row's
+  # kept tail (a small R-entry copy, the full tail array when K = 1).
   shapes = {(c.num_layers, b, s, c.num_kv_heads, c.head_dim) for c in configs}
   copies = []
   for line in text.splitlines():

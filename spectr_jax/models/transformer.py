@@ -253,12 +253,14 @@ class Transformer(nn.Module):
     pos_BxKxT = cache.prefix_len[:, None, None] + tail_pos_BxKxT
     x_BxKxTxD = self._embed(tokens_BxKxT, pos_BxKxT)
     cfg = self.config
-    tails_k, tails_v = [], []
+    # Each layer's new entries go straight into the stacked tails (updated in place
+    # under jit; each layer reads its slice from the running array, never a stale one).
+    tail_k_all, tail_v_all = cache.tail_k, cache.tail_v
     for n, block in enumerate(self.blocks):
 
-      def attend(q, k_new, v_new, n=n):
-        tail_k = attention.write_tail(cache.tail_k[n], k_new, cache.tail_len)
-        tail_v = attention.write_tail(cache.tail_v[n], v_new, cache.tail_len)
+      def attend(q, k_new, v_new, n=n, old_k=tail_k_all[n], old_v=tail_v_all[n]):
+        tail_k = attention.write_tail(old_k, k_new, cache.tail_len)
+        tail_v = attention.write_tail(old_v, v_new, cache.tail_len)
         o = attention.tails(
           q,
           cache.prefix_k[n],
@@ -273,12 +275,12 @@ class Transformer(nn.Module):
         return o, (tail_k, tail_v)
 
       x_BxKxTxD, (tail_k, tail_v) = block(x_BxKxTxD, pos_BxKxT, attend)
-      tails_k.append(tail_k)
-      tails_v.append(tail_v)
+      tail_k_all = tail_k_all.at[n].set(tail_k)
+      tail_v_all = tail_v_all.at[n].set(tail_v)
     num_new_B = jnp.full((b,), t, jnp.int32) if num_new_B is None else num_new_B
     cache = cache.replace(
-      tail_k=jnp.stack(tails_k),
-      tail_v=jnp.stack(tails_v),
+      tail_k=tail_k_all,
+      tail_v=tail_v_all,
       tail_len=cache.tail_len + num_new_B.astype(jnp.int32)[:, None],
     )
     if logits_at_B is not None:
