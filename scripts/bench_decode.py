@@ -54,7 +54,8 @@ def load_pair(workdir):
   return draft, target, None, "random weights"
 
 
-def _prompts(heldout, batch, prompt_len, vocab):
+def bench_prompts(heldout, batch, prompt_len, vocab):
+  """B held-out prompts of the pair, or random token ids when there is none."""
   if heldout is not None:
     prompts = data.make_prompts(heldout, batch, prompt_len, seed=0)
     return jnp.asarray(prompts.tokens_BxT), jnp.asarray(prompts.lengths_B)
@@ -253,7 +254,7 @@ def main():
     heldout, what = None, f"loaded {args.draft_dir} / {args.target_dir}"
   else:
     draft, target, heldout, what = load_pair(pathlib.Path(args.workdir))
-  prompts, lengths = _prompts(heldout, args.batch, args.prompt_len, target.config.vocab_size)
+  prompts, lengths = bench_prompts(heldout, args.batch, args.prompt_len, target.config.vocab_size)
   configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
   if configs[0][0] != "autoregressive":
     configs.insert(0, ("autoregressive", 1, 0))

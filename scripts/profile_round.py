@@ -24,17 +24,19 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
-from bench_decode import _prompts, load_pair
+from bench_decode import bench_prompts, load_pair
 
 from spectr_jax import data, engine, rounds
 from spectr_jax.timing import markdown_table
 
 PHASES = ("keys", "draft", "score", "verify", "commit", "stats")
+COLUMNS = PHASES + ("loop",)  # loop: the loop of rounds' own operations (its condition)
 
 
 def op_phases(hlo_text: str) -> dict[str, str | None]:
-  """Instruction name -> its round phase ("" outside the loop of rounds, None unknown),
-  for every instruction of the compiled program that is not a control-flow container."""
+  """Instruction name -> its round phase ("loop" in the loop of rounds but in no phase,
+  "" outside the loop, None without metadata), for every instruction of the compiled
+  program that is not a control-flow container."""
   phases = {}
   for line in hlo_text.splitlines():
     m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = \S+ ([\w\-]+)\(", line)
@@ -44,11 +46,7 @@ def op_phases(hlo_text: str) -> dict[str, str | None]:
     phase = None
     if name:
       scopes = name.group(1).split("/")
-      phase = next((p for p in PHASES if p in scopes), "")
-      if phase == "" and "while" not in scopes:
-        phase = ""
-      elif phase == "":
-        phase = None
+      phase = next((p for p in PHASES if p in scopes), "loop" if "while" in scopes else "")
     phases[m.group(1)] = phase
   return phases
 
@@ -89,7 +87,7 @@ def main():
   parser.add_argument("--workdir", default=str(data.default_workdir()))
   args = parser.parse_args()
   draft, target, heldout, what = load_pair(pathlib.Path(args.workdir))
-  prompts, lengths = _prompts(heldout, args.batch, args.prompt_len, target.config.vocab_size)
+  prompts, lengths = bench_prompts(heldout, args.batch, args.prompt_len, target.config.vocab_size)
   traced = rounds.Traced(
     jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
   )
@@ -116,12 +114,12 @@ def main():
     row = {"method": method, "K": k, "L": n, "thunks": thunks / num_rounds}
     round_s = sum(split.values())
     row["round_ms"] = 1e3 * round_s / num_rounds
-    for phase in PHASES:
+    for phase in COLUMNS:
       row[phase] = split.get(phase, 0.0) / round_s
     rows.append(row)
   cols = [("method", "method", "{}"), ("K", "K", "{}"), ("L", "L", "{}")]
   cols += [("round_ms", "round ms (profiled)", "{:.2f}"), ("thunks", "ops run", "{:.0f}")]
-  cols += [(phase, phase, "{:.1%}") for phase in PHASES]
+  cols += [(phase, phase, "{:.1%}") for phase in COLUMNS]
   print(markdown_table(rows, cols))
 
 

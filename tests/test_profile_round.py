@@ -1,0 +1,55 @@
+"""scripts/profile_round.py: the engine's operations are attributed to the round's phases."""
+
+import importlib.util
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from spectr_jax import engine, rounds
+from spectr_jax.models import ModelBundle, get_model_config, init_params
+
+_SCRIPTS = pathlib.Path(__file__).parents[1] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def profile_round():
+  sys.path.insert(0, str(_SCRIPTS))  # the script imports bench_decode beside it
+  try:
+    spec = importlib.util.spec_from_file_location("profile_round", _SCRIPTS / "profile_round.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+  finally:
+    sys.path.remove(str(_SCRIPTS))
+  return module
+
+
+@pytest.mark.slow
+def test_every_phase_of_a_round_gets_its_operations_and_time(profile_round):
+  v, b, width, n = 64, 2, 4, 12
+  configs = [get_model_config(name, v, max_len=32) for name in ("draft-test", "target-test")]
+  draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
+  spec = engine.DecodeSpec("kseq", 2, 3, n, None, False, "star", draft.config, target.config)
+  traced = rounds.Traced(
+    jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
+  )
+  prompts, lengths = jnp.ones((b, width), jnp.int32), jnp.full((b,), width)
+  args = (jax.random.key(0), jnp.arange(b), prompts, lengths, draft.params, target.params)
+  text = engine.compiled_program(spec).lower(*args, traced).compile().as_text()
+  phases = profile_round.op_phases(text)
+  assert set(profile_round.PHASES) <= set(phases.values())
+  assert "" in phases.values()  # the prefill, outside the loop of rounds
+
+  def run():
+    return engine.generate(
+      jax.random.key(0), draft=draft, target=target, prompts=prompts, prompt_lengths=lengths,
+      method="kseq", num_drafts=2, draft_len=3, max_new_tokens=n,
+    )  # fmt: skip
+
+  split, thunks = profile_round.phase_split(run, text, repeats=1)
+  assert thunks > 0
+  for phase in ("draft", "score", "verify", "commit"):
+    assert split.get(phase, 0.0) > 0, (phase, split)
+  assert split["score"] > split["stats"]
