@@ -67,15 +67,15 @@ def _cases():
 CASES = _cases()
 
 
-def _enumerate(p, q, k, order_V, levels_V1, r_V):
-  """Exact law of Z, output law and hit probability of the rule with the given levels.
+def _enumerate(p, q, k, slot_V, levels_V1, r_V):
+  """Exact law of Z, output law and hit probability of the rule with the given slots of
+  the tokens and levels of the breakpoints.
 
   Sums over all k-tuples of drafts and over the intervals of U between distinct levels;
   accepts Z with probability min(1, q/r) and otherwise samples norm(q - min(r, q)).
   """
   vocab = len(p)
-  slot_V = np.full(vocab, len(levels_V1), int)
-  slot_V[order_V] = np.arange(1, len(order_V) + 1)
+  slot_V = np.asarray(slot_V)
   edges = np.unique(np.clip(np.concatenate([[0.0, 1.0], levels_V1]), 0.0, 1.0))
   accept_V = np.where(r_V > 0, np.minimum(1.0, q / np.where(r_V > 0, r_V, 1.0)), 0.0)
   left_V = q - np.minimum(r_V, q)
@@ -95,6 +95,13 @@ def _enumerate(p, q, k, order_V, levels_V1, r_V):
   return law_z, law_y, hit
 
 
+def _slots(order_N, vocab, num_breakpoints):
+  """The slot (1-based) of each token given the tokens in slot order (others last)."""
+  slot_V = np.full(vocab, num_breakpoints, int)
+  slot_V[order_N] = np.arange(1, len(order_N) + 1)
+  return slot_V
+
+
 def _bound64(p, q, k):
   with jax.enable_x64(True):
     return float(acceptance.optimal_acceptance(jnp.asarray(p), jnp.asarray(q), k))
@@ -103,7 +110,8 @@ def _bound64(p, q, k):
 @pytest.mark.parametrize("name, p, q, k", CASES, ids=[c[0] for c in CASES])
 def test_reference_enumeration(name, p, q, k):
   plan = ref.reference_plan(p, q, k)
-  law_z, law_y, hit = _enumerate(p, q, k, plan.order_N, plan.levels, plan.r_V)
+  slot_V = _slots(plan.order_N, len(p), len(plan.levels))
+  law_z, law_y, hit = _enumerate(p, q, k, slot_V, plan.levels, plan.r_V)
   bound = _bound64(p, q, k)
   np.testing.assert_allclose(law_z, plan.r_V, atol=TOL64, err_msg=f"{name}: law of Z")
   np.testing.assert_allclose(law_y, q, atol=TOL64, err_msg=f"{name}: output law")
@@ -124,7 +132,7 @@ def test_jax_float64_enumeration():
     for name, p, q, k in CASES:
       plan = _jax_plan(p, q, k)
       assert plan.r_V.dtype == np.float64
-      law_z, law_y, hit = _enumerate(p, q, k, plan.order_N, plan.levels_N1, plan.r_V)
+      law_z, law_y, hit = _enumerate(p, q, k, plan.slot_V, plan.levels_N1, plan.r_V)
       bound = _bound64(p, q, k)
       np.testing.assert_allclose(law_z, plan.r_V, atol=TOL64, err_msg=f"{name}: law of Z")
       np.testing.assert_allclose(law_y, q, atol=TOL64, err_msg=f"{name}: output law")
@@ -152,7 +160,7 @@ def test_any_levels_give_the_exact_law():
     levels = rng.uniform(size=v + 1) * (rng.uniform(size=v + 1) < 0.7)
     r_V = np.zeros(v)
     r_V[order_N] = p[order_N] * ref.rates_from_levels(levels, u, k)
-    law_z, law_y, hit = _enumerate(p, q, k, order_N, levels, r_V)
+    law_z, law_y, hit = _enumerate(p, q, k, _slots(order_N, len(p), len(levels)), levels, r_V)
     np.testing.assert_allclose(law_z, r_V, atol=1e-12, err_msg=f"trial {trial}")
     np.testing.assert_allclose(law_y, q, atol=1e-12, err_msg=f"trial {trial}")
     assert hit <= _bound64(p, q, k) + 1e-12
@@ -167,7 +175,7 @@ def test_restricted_cuts_stay_exact_and_shortfall_is_the_gap():
       p, q = _pair(rng, 5, 1.0)
       k = 4
       plan = _jax_plan(p, q, k, num_cuts=1)
-      law_z, law_y, _ = _enumerate(p, q, k, plan.order_N, plan.levels_N1, plan.r_V)
+      law_z, law_y, _ = _enumerate(p, q, k, plan.slot_V, plan.levels_N1, plan.r_V)
       np.testing.assert_allclose(law_z, plan.r_V, atol=TOL64)
       np.testing.assert_allclose(law_y, q, atol=TOL64)
       gap = plan.bound - plan.accept
@@ -175,11 +183,39 @@ def test_restricted_cuts_stay_exact_and_shortfall_is_the_gap():
       worst_gap = max(worst_gap, gap)
       # Broken: select with the restricted levels but accept against the optimal r*.
       full = _jax_plan(p, q, k)
-      _, broken_y, _ = _enumerate(p, q, k, plan.order_N, plan.levels_N1, full.r_V)
+      _, broken_y, _ = _enumerate(p, q, k, plan.slot_V, plan.levels_N1, full.r_V)
       if np.abs(full.r_V - plan.r_V).max() > 1e-3:
         assert np.abs(broken_y - q).max() > 1e-4
         broken_checked += 1
   assert worst_gap > 1e-4, "one cut should fall short of alpha* somewhere"
+  assert broken_checked > 0
+
+
+def test_merged_slots_stay_exact(monkeypatch):
+  """With ratio buckets of a whole octave over 2^-1..2^1, V = 8 tokens and one cut
+  merge into 5 slots: the law of Z is r and the output law is q (exact enumeration),
+  bound >= alpha* and shortfall = bound - accept; taking r as if every token were its
+  own slot (the unmerged plan's r) with the merged slots breaks the output law."""
+  monkeypatch.setattr(optimal, "_OCTAVES", 1)
+  monkeypatch.setattr(optimal, "_BUCKETS_PER_OCTAVE", 1)
+  rng = np.random.default_rng(5)
+  plan_fn = jax.jit(lambda p, q, m: optimal._plan_single(p, q, 3, m, 3), static_argnums=2)
+  broken_checked = 0
+  with jax.enable_x64(True):
+    for conc in (0.5, 1.0, 3.0):
+      p, q = _pair(rng, 8, conc)
+      plan = jax.tree.map(np.asarray, plan_fn(p, q, 1))
+      assert plan.block_end_N.shape == (5,) and len(np.unique(plan.slot_V)) < 8
+      law_z, law_y, _ = _enumerate(p, q, 3, plan.slot_V, plan.levels_N1, plan.r_V)
+      np.testing.assert_allclose(law_z, plan.r_V, atol=TOL64)
+      np.testing.assert_allclose(law_y, q, atol=TOL64)
+      assert plan.bound > _bound64(p, q, 3) - TOL64
+      assert abs(plan.bound - plan.accept - plan.shortfall) < TOL64
+      unmerged = jax.tree.map(np.asarray, plan_fn(p, q, 8))
+      _, broken_y, _ = _enumerate(p, q, 3, plan.slot_V, plan.levels_N1, unmerged.r_V)
+      if np.abs(unmerged.r_V - plan.r_V).max() > 1e-3:
+        assert np.abs(broken_y - q).max() > 1e-4
+        broken_checked += 1
   assert broken_checked > 0
 
 
