@@ -4,37 +4,42 @@ With k i.i.d. drafts X_1..X_k ~ p, `optimal` outputs Y ~ q exactly and hits a dr
 probability up to alpha*(p, q, k), the optimal-transport bound
 (`acceptance.optimal_acceptance`), of which K-SEQ is only guaranteed 1 - (1 - 1/k)^k.
 
-Notation. Tokens with p > 0 sorted by q/p descending are the slots 1..n (tokens with
-p = 0 follow and are never drafted); breakpoint j sits after slot j (j = 0..V).
-P_j = p(slots 1..j), u_j = 1 - P_j, Q_j = q(slots 1..j), h_j = 1 - u_j^k (the chance that
-a draft falls in slots 1..j). Each breakpoint has a level in [0, 1]. The rule:
+Notation. The tokens are merged into N slot groups ("slots"): each token its own slot
+when V <= num_cuts + 258, otherwise the num_cuts tokens of largest p + q one slot each
+and the others by log2(q / p) in 1/16-octave buckets (q = 0 and p = 0 in one each).
+Slots with p > 0 sorted by q/p descending are slots 1..n (slots with p = 0 follow and are
+never drafted); breakpoint j sits after slot j (j = 0..N). P_j = p(slots 1..j),
+u_j = 1 - P_j, Q_j = q(slots 1..j), h_j = 1 - u_j^k (the chance that a draft falls in
+slots 1..j). Each breakpoint has a level in [0, 1]. The rule:
 
   U ~ Uniform(0, 1]; breakpoints with level >= U cut the slots into groups;
   Z = a uniformly chosen draft of the earliest group that holds a draft (duplicates count);
   accept Z with probability min(1, q(Z) / r(Z)), else sample norm(q - min(r, q)),
 
-where r is the law of Z. While group (i, l] exists, each of its slots t is selected at
+where r is the law of Z. While group (i, l] exists, each of its tokens t is selected at
 rate p_t H_{k-1}(u_i, u_l) (H_d: complete homogeneous symmetric polynomial), so r follows
-from the levels by integrating over U. r is always computed from the levels actually
-used, so the output law is q for ANY levels; only the acceptance depends on them.
+from the levels by integrating over U. r is always computed from the slots and levels
+actually used, so the output law is q for ANY slots and levels; only the acceptance
+depends on them (merging tokens of one bucket costs at most 4e-5 of alpha* on the pairs
+measured: a slot is never split, so only a bucket that straddles the optimum costs).
 
 Levels: the vertices of the lower convex hull of (Q_j, h_j) (the blocks) get level 1, and
 the `num_cuts` heaviest interior breakpoints (by p + q of the slot before them) get the
-removal times of a deletion-only kinetic hull (docs/OPTIMAL_VERIFIER.md); all others get
-level 0. With num_cuts >= V the levels are those of the note and sum min(r, q) = alpha*.
-With the default 64, measured on LLM-like pairs (logit scale 3, V = 4096 to 256k, k <= 8), the
-acceptance stays within 1.1e-3 of alpha* (within 2e-5 for k <= 4), with 256 within 3e-6;
-on near-flat pairs (logit scale 1, V = 1000, k = 8) 64 cuts lose 1.4e-2 and 256 lose
-2.5e-3 (docs/OPTIMAL_VERIFIER.md). `OptimalPlan.shortfall` reports the gap.
+removal times of a deletion-only kinetic hull (docs/OPTIMAL_VERIFIER.md), found for all
+candidates at once by bisection on U; all others get level 0. Where the O(n) check
+`OptimalPlan.shortfall` exceeds REFINE_SHORTFALL = 2e-3 of the bound, the plan is redone
+with REFINE_FACTOR = 2 times the cuts (and heavy slots). With num_cuts >= V the levels
+are those of the note and sum min(r, q) = alpha*. Measured acceptance, LLM-like and
+near-flat pairs: docs/OPTIMAL_VERIFIER.md.
 
 Numerics: every prefix sum the construction relies on is monotone by construction and
 has accurate local differences (`_Sums`: two exact int32 sums, of 2^-29 units and of
-the remainders in finer units), and the hull compares the slopes of adjacent segments, so ties,
-zero masses and float noise cost acceptance at float precision only.
+the remainders in finer units), and the hull and level tests compare slopes of local
+differences, so ties, zero masses and float noise cost acceptance at float precision only.
 
-CPU note: the slot order (a counting sort for large V) and the hull are sequential
-passes written so that XLA updates their buffers in place; under `vmap` these two run
-position by position (`lax.map`, a custom batching rule), the rest is batched.
+CPU note: the hull is a sequential pass over the N slots written so that XLA updates its
+stack in place; under `vmap` it runs position by position (`lax.map`, a custom batching
+rule), the rest is batched.
 """
 
 import functools
@@ -62,29 +67,30 @@ DEFAULT_NUM_CUTS = 64
 
 
 class OptimalPlan(NamedTuple):
-  """The verifier's construction at one position (shapes for vocabulary size V).
+  """The verifier's construction at one position (V vocabulary, N slots, M cuts).
 
-  order_V: tokens in slot order (int32; tokens with p = 0 last).
-  slot_V: the slot (1..V) of each token, the inverse of order_V.
-  block_end_V: for slot t (at index t - 1), the block end b >= t of its block.
-  cut_M, cut_level_M: the candidate breakpoints (M = min(max(num_cuts, 1), V + 1)
-    entries, V + 1 where unused) and their kinetic levels.
-  levels_V1: level of breakpoints 0..V (1 at block ends), the same levels in full.
+  order_N: slot groups in slot order (int32; groups with p = 0 last).
+  slot_V: the slot (1..N) of each token.
+  block_end_N: for slot t (at index t - 1), the block end b >= t of its block.
+  cut_M, cut_level_M: the candidate breakpoints (N + 1 where unused) and their kinetic
+    levels (M entries: the refined plan's number where a plan can be refined).
+  levels_N1: level of breakpoints 0..N (1 at block ends), the same levels in full.
   r_V: law of the selected draft Z (sums to 1 for k >= 1, zero for k = 0).
   accept: sum min(r, q), the probability of the accept branch. The hit probability lies
     between accept and bound, and equals both when shortfall = 0.
-  bound: alpha*(p, q, k) from the same prefix sums.
-  shortfall: the O(n) optimality check: the mass by which r exceeds q on blocks of hull
-    slope <= 1 plus the mass by which it falls short of q on blocks of slope > 1. It is 0
-    exactly when accept = bound; otherwise bound - accept = shortfall (up to rounding).
+  bound: alpha* of the slots (their tokens merged) from the same prefix sums: at least
+    alpha*(p, q, k), equal to it when every token is its own slot.
+  shortfall: the O(V) optimality check: the mass by which r exceeds q on tokens of blocks
+    of hull slope <= 1 plus the mass by which it falls short of q on tokens of blocks of
+    slope > 1. bound - accept = shortfall (up to rounding); at 0, accept = alpha*(p, q, k).
   """
 
-  order_V: jax.Array
+  order_N: jax.Array
   slot_V: jax.Array
-  block_end_V: jax.Array
+  block_end_N: jax.Array
   cut_M: jax.Array
   cut_level_M: jax.Array
-  levels_V1: jax.Array
+  levels_N1: jax.Array
   r_V: jax.Array
   accept: jax.Array
   bound: jax.Array
@@ -113,37 +119,66 @@ def _h3(x, y, z, k, max_k: int):
   return h3
 
 
-_COUNTING_SORT_MIN_V = 8192
-_COUNTING_SORT_BITS = 16
+_BUCKETS_PER_OCTAVE = 16
+_OCTAVES = 8  # ratios beyond 2^(+-_OCTAVES) share the outermost buckets
 
 
-def _slot_order(p_V, q_V):
-  """Tokens by q/p descending, then q = 0, then p = 0; ties by index.
+def _num_slots(vocab: int, num_cuts: int) -> int:
+  """N: V when every token can be its own slot, else num_cuts heavy tokens plus the
+  ratio buckets and one bucket each for q = 0 and for p = 0."""
+  return min(vocab, max(num_cuts, 0) + 2 * _OCTAVES * _BUCKETS_PER_OCTAVE + 2)
 
-  The ratio is reduced to a code of the top bits of its float32 pattern: 31 - ceil(log2 V)
-  bits packed with the token index into one int32 sort key for V <= 8192, and 16 bits (8
-  of mantissa) for a counting sort above. Tokens whose ratios share a code keep index
-  order: acceptance moves by 1e-8 at most (docs/OPTIMAL_VERIFIER.md), exactness never.
-  """
+
+def _slot_groups(p_V, q_V, num_cuts: int):
+  """The slot-group id (0..N-1) of every token: the token itself when N = V; otherwise
+  the num_cuts tokens of largest p + q get a group each and the rest are bucketed by
+  log2(q / p) at 1/16 octave (q = 0 and p = 0 in buckets of their own). Only the order of the groups
+  and the breakpoints between them matter to the verifier, so tokens of one group are
+  never split (docs/OPTIMAL_VERIFIER.md)."""
   vocab = p_V.shape[0]
-  index_bits = max(1, (vocab - 1).bit_length())
-  code_bits = _COUNTING_SORT_BITS if vocab > _COUNTING_SORT_MIN_V else 31 - index_bits
-  top = (1 << code_bits) - 3
+  num = _num_slots(vocab, num_cuts)
+  if num == vocab:
+    return jnp.arange(vocab, dtype=jnp.int32)
+  heavy = max(num_cuts, 0)
+  # The exponent and top mantissa bits of the float32 ratio: 1/16-octave buckets.
   ratio_V = (q_V / jnp.where(p_V > 0, p_V, 1.0)).astype(jnp.float32)
-  bits_V = lax.bitcast_convert_type(ratio_V, jnp.int32) >> (31 - code_bits)
-  code_V = jnp.where(
-    p_V > 0, jnp.where(q_V > 0, top - jnp.minimum(bits_V, top), top + 1), top + 2
+  shift = 23 - (_BUCKETS_PER_OCTAVE.bit_length() - 1)
+  low = (127 - _OCTAVES) * _BUCKETS_PER_OCTAVE
+  top = 2 * _OCTAVES * _BUCKETS_PER_OCTAVE - 1
+  code_V = (lax.bitcast_convert_type(ratio_V, jnp.int32) >> shift) - low
+  code_V = jnp.where(q_V > 0, jnp.clip(code_V, 0, top), top + 1)
+  code_V = jnp.where(p_V > 0, code_V, top + 2).astype(jnp.int32)
+  group_V = heavy + code_V
+  if heavy:
+    _, top_j = lax.top_k(jnp.where(p_V > 0, p_V + q_V, -1.0), heavy)
+    group_V = group_V.at[top_j].set(jnp.arange(heavy, dtype=jnp.int32))
+  return group_V
+
+
+def _slot_order(p_N, q_N):
+  """Slot groups by q/p descending, then q = 0, then p = 0; ties by index.
+
+  The ratio is reduced to a code of the top 31 - ceil(log2 N) bits of its float32
+  pattern, packed with the index into one int32 key for XLA's single-operand sort (a
+  key-value sort is 4x slower on CPU). Ratios that share a code keep index order:
+  acceptance moves by 1e-8 at most (docs/OPTIMAL_VERIFIER.md), exactness never.
+  """
+  num = p_N.shape[0]
+  index_bits = max(1, (num - 1).bit_length())
+  code_bits = 31 - index_bits
+  top = (1 << code_bits) - 3
+  ratio_N = (q_N / jnp.where(p_N > 0, p_N, 1.0)).astype(jnp.float32)
+  bits_N = lax.bitcast_convert_type(ratio_N, jnp.int32) >> (31 - code_bits)
+  code_N = jnp.where(
+    p_N > 0, jnp.where(q_N > 0, top - jnp.minimum(bits_N, top), top + 1), top + 2
   ).astype(jnp.int32)
-  if vocab > _COUNTING_SORT_MIN_V:
-    return _counting_order(code_V)
-  index_V = jnp.arange(vocab, dtype=jnp.int32)
-  key_V = lax.sort((code_V << index_bits) | index_V, is_stable=False)
-  return key_V & ((1 << index_bits) - 1)
+  key_N = lax.sort((code_N << index_bits) | jnp.arange(num, dtype=jnp.int32), is_stable=False)
+  return key_N & ((1 << index_bits) - 1)
 
 
 def _map_batched(fn, axis_size, in_batched, *args):
   """Runs `fn` over a batch one element after another (`lax.map`), broadcasting the
-  unbatched arguments: the batching rule of the sequential passes below, whose in-place
+  unbatched arguments: the batching rule of the hull pass below, whose in-place
   updates a batched loop would turn into scatters."""
   args = [
     x if batched else jnp.broadcast_to(x, (axis_size, *jnp.shape(x)))
@@ -155,33 +190,6 @@ def _map_batched(fn, axis_size, in_batched, *args):
 
 def _at(x, i):
   return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
-
-
-@jax.custom_batching.custom_vmap
-def _counting_order(code_V):
-  """Stable counting sort of int codes in [0, 2^16): the order of the indices.
-
-  The placement pass reads each bucket's offset only through its own update and reads
-  the updated cell back, which lets XLA keep both buffers in place.
-  """
-  vocab = code_V.shape[0]
-  counts = jnp.zeros((1 << _COUNTING_SORT_BITS,), jnp.int32).at[code_V].add(1)
-  start = jnp.cumsum(counts) - counts
-
-  def place(i, carry):
-    offset, order = carry
-    code = _at(code_V, i)
-    offset = lax.dynamic_update_index_in_dim(offset, _at(offset, code) + 1, code, 0)
-    order = lax.dynamic_update_index_in_dim(order, i, _at(offset, code) - 1, 0)
-    return offset, order
-
-  _, order_V = lax.fori_loop(0, vocab, place, (start, jnp.zeros((vocab,), jnp.int32)))
-  return order_V
-
-
-@_counting_order.def_vmap
-def _counting_order_vmap(axis_size, in_batched, code_V):
-  return _map_batched(_counting_order, axis_size, in_batched, code_V)
 
 
 def _cumsum(x_AxC, block: int = 128):
@@ -308,126 +316,119 @@ def _slope(rise, a, b, flat):
   return jnp.where(dq > 0, dh / jnp.where(dq > 0, dq, 1.0), flat)
 
 
-class _Kinetic(NamedTuple):
-  """State of the kinetic loop over M candidate breakpoints (index M is a dummy)."""
-
-  events: jax.Array  # current removal event of each live candidate, inf otherwise
-  prev_node: jax.Array  # neighbouring live candidate in the same block, or -1
-  next_node: jax.Array
-  prev_slot: jax.Array  # neighbouring breakpoint (a candidate or a block end)
-  next_slot: jax.Array
-  left_start: jax.Array  # level at which the group (prev_slot, node] was formed
-  right_start: jax.Array  # level at which the group (node, next_slot] was formed
-  level: jax.Array
-
-
-def _kinetic(nodes_M, is_node_M, a_M, b_M, mass, rise, u_V1, k, max_k):
+def _levels(nodes_M, is_node_M, a_M, b_M, mass, rise):
   """Kinetic levels of the candidate breakpoints `nodes_M` (sorted by index).
 
   `mass(i, j)` and `rise(i, j)` give P_j - P_i, Q_j - Q_i and Q_j - Q_i, h_j - h_i from
-  the `_Sums`. Each real candidate j lies strictly inside its block (a_j, b_j). The loop removes the
-  candidate with the smallest current event, links its neighbours, and records the two
-  groups it closes and, for the last candidate of a block, the start of the block's group.
+  the `_Sums`; each real candidate j lies strictly inside its block (a_j, b_j), where
+  y = h_a + c (Q - Q_a). j stays a vertex of the upper hull of the points (P, y - U h) of
+  its block's candidates and ends exactly while U < level_j (OPTIMAL.md), and it is a
+  vertex iff every slope into it from the left exceeds every slope out of it to the
+  right (no chord passes above it). Each slope (c Q_ij - U h_ij) / P_ij comes from local
+  masses, so the test is accurate; the levels are found by bisection on U, all candidates at once
+  (O(M^2) per step, to the float precision of the dtype), instead of M sequential removals.
+  """
+  num = nodes_M.shape[0]
+  idx = jnp.arange(num)
+  c_M = _slope(rise, a_M, b_M, 0.0)
+  same = (a_M[None, :] == a_M[:, None]) & is_node_M[None, :]
+  ones = jnp.ones((num, 1), bool)
+  j_MxM1 = jnp.broadcast_to(nodes_M[:, None], (num, num + 1))
+  others = jnp.broadcast_to(nodes_M[None, :], (num, num))
+  left_ok = jnp.concatenate([same & (idx[None, :] < idx[:, None]), ones], axis=1)
+  right_ok = jnp.concatenate([same & (idx[None, :] > idx[:, None]), ones], axis=1)
+  left_x = jnp.where(left_ok, jnp.concatenate([others, a_M[:, None]], axis=1), j_MxM1)
+  right_x = jnp.where(right_ok, jnp.concatenate([others, b_M[:, None]], axis=1), j_MxM1)
 
-  Returns (node_M, level_M, left_2M, right_2M, life_2M, final_b_M): per step, the removed
-  candidate (M if none) and its level; the closed groups (left, right] and their lifetimes;
-  the block end whose final group starts at that level (-1 if none).
+  def slopes(x, y):
+    """(c Q_xy / P_xy, h_xy / P_xy) for breakpoints x <= y (zeros where P_xy = 0)."""
+    (p_xy, _), (q_xy, h_xy) = mass(x, y), rise(x, y)
+    scale = jnp.where(p_xy > 0, 1.0 / jnp.where(p_xy > 0, p_xy, 1.0), 0.0)
+    return c_M[:, None] * q_xy * scale, h_xy * scale
+
+  a_left, b_left = slopes(left_x, j_MxM1)
+  a_right, b_right = slopes(j_MxM1, right_x)
+
+  def on_hull(u_M):
+    into = jnp.min(jnp.where(left_ok, a_left - u_M[:, None] * b_left, jnp.inf), axis=1)
+    out = jnp.max(jnp.where(right_ok, a_right - u_M[:, None] * b_right, -jnp.inf), axis=1)
+    return into > out
+
+  def bisect(_, bounds):
+    lo, hi = bounds
+    mid = 0.5 * (lo + hi)
+    on = on_hull(mid)
+    return jnp.where(on, mid, lo), jnp.where(on, hi, mid)
+
+  zeros = jnp.zeros((num,), c_M.dtype)
+  steps = jnp.finfo(c_M.dtype).nmant + 1
+  lo, hi = lax.fori_loop(0, steps, bisect, (zeros, zeros + 1.0))
+  return jnp.where(is_node_M, jnp.where(hi == 1.0, 1.0, lo), 0.0)
+
+
+def _rate_diff(nodes_M, is_node_M, a_M, b_M, level_M, h2, size: int):
+  """Difference array (over breakpoints, `size` entries) of the selection rates of the
+  groups between candidates, for ANY levels in [0, 1], O(M^2).
+
+  Order the candidates by (level, index). For j, let (i, l) be the nearest candidates of
+  its block above it in that order on each side (else the block ends): every candidate
+  strictly between them ranks below j, so (i, l] is a group for U in (level_j, min(level_i,
+  level_l)], and (i, j] and (j, l] are groups from U = level_j down to the levels of the
+  candidates that split them in turn. Adding -level_j h2(i, l) on (i, l] and +level_j
+  h2(i, j), +level_j h2(j, l) on (i, j] and (j, l] therefore sums to each group's
+  lifetime times its rate (the block's own group (a, b], lifetime 1 - its highest
+  candidate level, is not included).
   """
   num = nodes_M.shape[0]
   idx = jnp.arange(num)
   same = (a_M[None, :] == a_M[:, None]) & is_node_M[None, :]
-  prev_node = jnp.max(jnp.where(same & (idx[None, :] < idx[:, None]), idx[None, :], -1), axis=1)
-  next_node = jnp.min(jnp.where(same & (idx[None, :] > idx[:, None]), idx[None, :], num), axis=1)
-  next_node = jnp.where(next_node == num, -1, next_node)
-  prev_slot = jnp.where(prev_node >= 0, nodes_M[jnp.maximum(prev_node, 0)], a_M)
-  next_slot = jnp.where(next_node >= 0, nodes_M[jnp.maximum(next_node, 0)], b_M)
-  slope_M = _slope(rise, a_M, b_M, 0.0)
-
-  def pad(x, value):
-    return jnp.concatenate([x, jnp.full((1,), value, x.dtype)])
-
-  nodes, slope = pad(nodes_M, 0), pad(slope_M, 0.0)
-
-  def event(i, j, r, c):
-    (p_ij, q_ij), (p_jl, q_jl) = mass(i, j), mass(j, r)
-    gap = (p_ij + p_jl) * p_ij * p_jl * _h3(u_V1[i], u_V1[j], u_V1[r], k, max_k)
-    lift = c * (q_ij * p_jl - q_jl * p_ij)
-    return jnp.where(gap > 0, lift / jnp.where(gap > 0, gap, 1.0), 0.0)
-
-  events = jnp.where(is_node_M, event(prev_slot, nodes_M, next_slot, slope_M), jnp.inf)
-  zero = jnp.zeros((num + 1,), events.dtype)
-  init = _Kinetic(
-    pad(events, jnp.inf),
-    pad(prev_node, -1),
-    pad(next_node, -1),
-    pad(prev_slot, 0),
-    pad(next_slot, 0),
-    zero,
-    zero,
-    jnp.zeros((), events.dtype),
+  lower = idx[None, :] < idx[:, None]  # [j, i]: i before j
+  above_left = same & lower & (level_M[None, :] > level_M[:, None])
+  above_right = same & lower.T & (level_M[None, :] >= level_M[:, None])
+  left_i = jnp.max(jnp.where(above_left, idx[None, :], -1), axis=1)
+  right_i = jnp.min(jnp.where(above_right, idx[None, :], num), axis=1)
+  left = jnp.where(left_i >= 0, nodes_M[jnp.maximum(left_i, 0)], a_M)
+  right = jnp.where(right_i < num, nodes_M[jnp.minimum(right_i, num - 1)], b_M)
+  level = jnp.where(is_node_M, level_M, 0.0)
+  w_whole, w_left, w_right = (
+    level * h2(x, y) for x, y in ((left, right), (left, nodes_M), (nodes_M, right))
   )
-
-  def step(s: _Kinetic, _):
-    i = jnp.argmin(s.events)
-    live = s.events[i] < jnp.inf
-    i = jnp.where(live, i, num)
-    level = jnp.where(live, jnp.clip(s.events[i], s.level, 1.0), s.level)
-    left, right = s.prev_node[i], s.next_node[i]
-    li = jnp.where(left >= 0, left, num)
-    ri = jnp.where(right >= 0, right, num)
-    record = (
-      i,
-      level,
-      jnp.stack([s.prev_slot[i], nodes[i]]),
-      jnp.stack([nodes[i], s.next_slot[i]]),
-      jnp.where(live, jnp.stack([level - s.left_start[i], level - s.right_start[i]]), 0.0),
-      jnp.where(live & (left < 0) & (right < 0), s.next_slot[i], -1),
-    )
-    prev_slot = s.prev_slot.at[ri].set(s.prev_slot[i])
-    next_slot = s.next_slot.at[li].set(s.next_slot[i])
-    both = jnp.stack([li, ri])
-    fresh = event(prev_slot[both], nodes[both], next_slot[both], slope[both])
-    events = s.events.at[i].set(jnp.inf).at[both].set(fresh).at[num].set(jnp.inf)
-    new = _Kinetic(
-      events,
-      s.prev_node.at[ri].set(left),
-      s.next_node.at[li].set(right),
-      prev_slot,
-      next_slot,
-      s.left_start.at[ri].set(level),
-      s.right_start.at[li].set(level),
-      level,
-    )
-    return new, record
-
-  _, (node, level, left, right, life, final_b) = lax.scan(step, init, None, length=num)
-  return node, level, left.reshape(-1), right.reshape(-1), life.reshape(-1), final_b
+  at = jnp.concatenate([left, right, left, nodes_M, nodes_M, right])
+  add = jnp.concatenate([-w_whole, w_whole, w_left, -w_left, w_right, -w_right])
+  return jnp.zeros((size,), add.dtype).at[at].add(add)
 
 
 def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   """`optimal_plan` for one position (1-D p_V, q_V; scalar k); vmap batches it."""
   vocab = p_V.shape[0]
+  num = _num_slots(vocab, num_cuts)
   dtype = p_V.dtype
   k = jnp.asarray(k, jnp.int32)
-  order_V = _slot_order(p_V, q_V)
-  ps_V, qs_V = p_V[order_V], q_V[order_V]
+  group_V = _slot_groups(p_V, q_V, num_cuts)
+  if num == vocab:
+    p_N, q_N = p_V, q_V
+  else:
+    p_N = jnp.zeros((num,), dtype).at[group_V].add(p_V)
+    q_N = jnp.zeros((num,), dtype).at[group_V].add(q_V)
+  order_N = _slot_order(p_N, q_N)
+  ps_N, qs_N = p_N[order_N], q_N[order_N]
   # Prefix sums with accurate local differences (`_Sums`), monotone by construction: of p,
   # giving u = 1 - P (the mass after j, for precision near P = 1), then of q and
   # of the increments of h = 1 - u^k, h_t - h_{t-1} = p_t H_{k-1}(u_{t-1}, u_t) (sums of
   # positive terms: no cancellation at small P). Each is divided by its computed total,
-  # so that u_0 = Q_V = h_V = 1 hold exactly in floats (a float32 total of 1 + 2e-6
+  # so that u_0 = Q_N = h_N = 1 hold exactly in floats (a float32 total of 1 + 2e-6
   # would enter r as u_0^k).
-  j_V1 = jnp.arange(vocab + 1, dtype=jnp.int32)
-  sums_p = _Sums.of(ps_V[:, None])
+  j_N1 = jnp.arange(num + 1, dtype=jnp.int32)
+  sums_p = _Sums.of(ps_N[:, None])
   total_p = sums_p.suffix()[0, 0]
-  u_V1 = sums_p.suffix()[:, 0] / total_p
-  ps_V = ps_V / total_p
-  dh_V = ps_V * _h2(u_V1[:-1], u_V1[1:], k, max_k)
-  sums_qh = _Sums.of(jnp.stack([qs_V, dh_V], axis=1))
+  u_N1 = sums_p.suffix()[:, 0] / total_p
+  ps_N = ps_N / total_p
+  dh_N = ps_N * _h2(u_N1[:-1], u_N1[1:], k, max_k)
+  sums_qh = _Sums.of(jnp.stack([qs_N, dh_N], axis=1))
   totals_qh = sums_qh.suffix()[0]
   totals_qh = jnp.where(totals_qh > 0, totals_qh, 1.0)  # h = 0 for k = 0
-  Q_V1, h_V1 = jnp.moveaxis(sums_qh.prefix() / totals_qh, -1, 0)
-  qs_V = qs_V / totals_qh[0]
+  Q_N1, h_N1 = jnp.moveaxis(sums_qh.prefix() / totals_qh, -1, 0)
+  qs_N = qs_N / totals_qh[0]
 
   def mass(i, j):
     return sums_p.between(i, j)[..., 0] / total_p, sums_qh.between(i, j)[..., 0] / totals_qh[0]
@@ -435,62 +436,103 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   def rise(i, j):
     return jnp.moveaxis(sums_qh.between(i, j) / totals_qh, -1, 0)
 
-  m = jnp.sum((p_V > 0) & (q_V > 0)).astype(jnp.int32)
+  m = jnp.sum((p_N > 0) & (q_N > 0)).astype(jnp.int32)
 
   # Blocks: the lower hull's vertices, then every breakpoint from m on.
-  stack_V1, size = _hull_stack(sums_qh.grid_V1xC, sums_qh.rest_V1xC, m)
-  on_hull = jnp.zeros((vocab + 2,), bool).at[jnp.where(j_V1 < size, stack_V1, vocab + 1)].set(True)
-  vertex_V1 = on_hull[: vocab + 1] | (j_V1 >= m)
-  count_V1 = jnp.cumsum(vertex_V1.astype(jnp.int32))
-  # Slot t = 1..V lies in block (a_t, b_t]: a_t the last vertex before t, b_t the first from t.
-  block_V = count_V1[:-1] - 1
-  vertices_V2 = (
-    jnp.full((vocab + 2,), vocab, jnp.int32)
-    .at[jnp.where(vertex_V1, count_V1 - 1, vocab + 1)]
-    .set(j_V1)
+  stack_N1, size = _hull_stack(sums_qh.grid_V1xC, sums_qh.rest_V1xC, m)
+  on_hull = jnp.zeros((num + 2,), bool).at[jnp.where(j_N1 < size, stack_N1, num + 1)].set(True)
+  vertex_N1 = on_hull[: num + 1] | (j_N1 >= m)
+  count_N1 = jnp.cumsum(vertex_N1.astype(jnp.int32))
+  # Slot t = 1..N lies in block (a_t, b_t]: a_t the last vertex before t, b_t the first from t.
+  block_N = count_N1[:-1] - 1
+  vertices_N2 = (
+    jnp.full((num + 2,), num, jnp.int32).at[jnp.where(vertex_N1, count_N1 - 1, num + 1)].set(j_N1)
   )
-  a_V, b_V = vertices_V2[block_V], vertices_V2[block_V + 1]
+  a_N, b_N = vertices_N2[block_N], vertices_N2[block_N + 1]
 
   # Kinetic levels of the num_cuts heaviest interior breakpoints.
-  num = min(max(num_cuts, 1), vocab + 1)
-  weight_V1 = jnp.concatenate([jnp.full((1,), -jnp.inf, dtype), ps_V + qs_V])
-  weight_V1 = jnp.where(vertex_V1, -jnp.inf, weight_V1)
-  top_w, top_j = lax.top_k(weight_V1, num)
+  cuts = min(max(num_cuts, 1), num + 1)
+  weight_N1 = jnp.concatenate([jnp.full((1,), -jnp.inf, dtype), ps_N + qs_N])
+  weight_N1 = jnp.where(vertex_N1, -jnp.inf, weight_N1)
+  top_w, top_j = lax.top_k(weight_N1, cuts)
   order_M = jnp.argsort(top_j)
   nodes_M = top_j[order_M].astype(jnp.int32)
   is_node_M = (top_w[order_M] > -jnp.inf) & (num_cuts > 0)
-  a_M = jnp.where(is_node_M, a_V[jnp.maximum(nodes_M - 1, 0)], 0)
-  b_M = jnp.where(is_node_M, b_V[jnp.maximum(nodes_M - 1, 0)], 0)
-  node, level, left, right, life, final_b = _kinetic(
-    nodes_M, is_node_M, a_M, b_M, mass, rise, u_V1, k, max_k
-  )
-  cut_M = jnp.where(node < num, nodes_M[jnp.minimum(node, num - 1)], vocab + 1)
-  levels_V1 = vertex_V1.astype(dtype).at[cut_M].set(level, mode="drop")
+  a_M = jnp.where(is_node_M, a_N[jnp.maximum(nodes_M - 1, 0)], 0)
+  b_M = jnp.where(is_node_M, b_N[jnp.maximum(nodes_M - 1, 0)], 0)
+  level_M = _levels(nodes_M, is_node_M, a_M, b_M, mass, rise)
+  cut_M = jnp.where(is_node_M, nodes_M, num + 1)
+  levels_N1 = vertex_N1.astype(dtype).at[cut_M].set(level_M, mode="drop")
 
-  # Selection rates: each block's final group, plus the groups closed in the loop.
-  final_start = (
-    jnp.zeros((vocab + 2,), dtype).at[jnp.where(final_b >= 0, final_b, vocab + 1)].set(level)
-  )
-  rate_V = (1.0 - final_start[b_V]) * _h2(u_V1[a_V], u_V1[b_V], k, max_k)
-  weight_2M = life * _h2(u_V1[left], u_V1[right], k, max_k)
-  diff = jnp.zeros((vocab + 2,), dtype).at[left].add(weight_2M).at[right].add(-weight_2M)
-  rate_V = rate_V + _cumsum(diff[:vocab, None])[:, 0]
-  r_slot_V = ps_V * rate_V
-  r_V = jnp.zeros((vocab,), dtype).at[order_V].set(r_slot_V)
+  # Selection rates: each block's group (a, b] while no candidate inside is active, plus
+  # the groups between candidates.
+  def h2(i, j):
+    return _h2(u_N1[i], u_N1[j], k, max_k)
+
+  diff = _rate_diff(nodes_M, is_node_M, a_M, b_M, level_M, h2, num + 1)
+  rate_N = h2(a_N, b_N) + _cumsum(diff[:num, None])[:, 0]
+  slope_N = _slope(rise, a_N, b_N, jnp.inf)
+  slot_V = jnp.zeros((num,), jnp.int32).at[order_N].set(j_N1[1:])[group_V]
+  # Materialised once (XLA would otherwise recompute them inside each per-token pass).
+  slot_V, rate_N, slope_N = lax.optimization_barrier((slot_V, rate_N, slope_N))
+  r_V = p_V / total_p * rate_N[slot_V - 1]
   accept = jnp.sum(jnp.minimum(r_V, q_V))
 
   q_tot = 1.0 - jnp.sum(jnp.where(p_V > 0, 0.0, q_V)) / totals_qh[0]
-  bound = jnp.minimum(jnp.min(q_tot - Q_V1 + h_V1), 1.0)
-  slope_V = _slope(rise, a_V, b_V, jnp.inf)
-  excess_V = jnp.where(slope_V <= 1.0, r_slot_V - qs_V, qs_V - r_slot_V)
-  shortfall = jnp.sum(jnp.where(ps_V > 0, jnp.maximum(excess_V, 0.0), 0.0))
-  slot_V = jnp.zeros((vocab,), jnp.int32).at[order_V].set(j_V1[1:])
-  return OptimalPlan(order_V, slot_V, b_V, cut_M, level, levels_V1, r_V, accept, bound, shortfall)
+  bound = jnp.minimum(jnp.min(q_tot - Q_N1 + h_N1), 1.0)
+  qn_V = q_V / totals_qh[0]
+  excess_V = jnp.where(slope_N[slot_V - 1] <= 1.0, r_V - qn_V, qn_V - r_V)
+  shortfall = jnp.sum(jnp.where(p_V > 0, jnp.maximum(excess_V, 0.0), 0.0))
+  return OptimalPlan(order_N, slot_V, b_N, cut_M, level_M, levels_N1, r_V, accept, bound, shortfall)
+
+
+REFINE_FACTOR = 2
+REFINE_SHORTFALL = 2e-3
+
+
+def _pad_plan(plan: OptimalPlan, like: OptimalPlan) -> OptimalPlan:
+  """`plan` padded to the shapes of `like` (a plan of more slots and cuts): the extra
+  cuts have level 0 and the extra slots are never reached, so the rule is unchanged."""
+
+  def pad(x, y, value):
+    return jnp.concatenate([x, jnp.full((y.shape[0] - x.shape[0],), value, x.dtype)])
+
+  num = like.block_end_N.shape[0]
+  return plan._replace(
+    order_N=pad(plan.order_N, like.order_N, num - 1),
+    block_end_N=pad(plan.block_end_N, like.block_end_N, num),
+    cut_M=pad(plan.cut_M, like.cut_M, num + 1),
+    cut_level_M=pad(plan.cut_level_M, like.cut_level_M, 0.0),
+    levels_N1=pad(plan.levels_N1, like.levels_N1, 1.0),
+  )
+
+
+def _plan(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
+  """`_plan_single` with num_cuts, redone with REFINE_FACTOR x num_cuts where the first
+  plan's shortfall exceeds REFINE_SHORTFALL x its bound. The second plan runs in a
+  `lax.while_loop` of at most one step rather than a `lax.cond`: under vmap a cond runs
+  both branches for every position, the loop runs only when some position needs it."""
+  plan = _plan_single(p_V, q_V, k, num_cuts, max_k)
+  more = min(REFINE_FACTOR * num_cuts, p_V.shape[0] + 1)
+  if more <= num_cuts:
+    return plan
+  fine = jax.eval_shape(lambda: _plan_single(p_V, q_V, k, more, max_k))
+  plan = _pad_plan(plan, fine)
+  need = plan.shortfall > REFINE_SHORTFALL * jnp.maximum(plan.bound, 0.0)
+
+  def refine(carry):
+    # p and q read through the loop flag: a body of loop invariants would be hoisted out
+    # of the loop by XLA and run every time.
+    need, _ = carry
+    p, q = (jnp.where(need, x, 0.0) for x in (p_V, q_V))
+    return jnp.bool_(False), _plan_single(p, q, k, more, max_k)
+
+  return lax.while_loop(lambda c: c[0], refine, (need, plan))[1]
 
 
 @functools.partial(jax.jit, static_argnames=("num_cuts", "max_k"))
 def _optimal_plan(p_V, q_V, k, *, num_cuts, max_k):
-  return _plan_single(p_V, q_V, k, num_cuts, max_k)
+  return _plan(p_V, q_V, k, num_cuts, max_k)
 
 
 def _static_max_k(k, max_k: int | None) -> int:
@@ -509,8 +551,9 @@ def optimal_plan(
   Args:
     p_V, q_V: draft and target distributions (float32, or float64 with x64 enabled).
     k: number of drafts (int in [0, max_k], may be traced; 0 gives r = 0).
-    num_cuts: how many interior breakpoints may get kinetic levels (static); V or more
-      gives the full construction of docs/OPTIMAL_VERIFIER.md.
+    num_cuts: how many interior breakpoints may get kinetic levels (static; doubled
+      where the first plan's shortfall exceeds 2e-3 of its bound); V or more gives the
+      full construction of docs/OPTIMAL_VERIFIER.md.
     max_k: static upper bound on k (defaults to k itself when k is concrete).
 
   Returns:
@@ -552,12 +595,12 @@ def select(u_level, u_pick, drafts_K, valid_K, plan: OptimalPlan):
   Returns:
     The int index into drafts_K of Z.
   """
-  vocab = plan.slot_V.shape[0]
-  slot_K = jnp.where(valid_K, plan.slot_V[drafts_K], vocab)
+  num = plan.block_end_N.shape[0]
+  slot_K = jnp.where(valid_K, plan.slot_V[drafts_K], num)
   first = jnp.min(slot_K)
   threshold = 1.0 - jnp.asarray(u_level, plan.cut_level_M.dtype)
   active_M = (plan.cut_M >= first) & (plan.cut_level_M >= threshold)
-  end = jnp.minimum(plan.block_end_V[first - 1], jnp.min(jnp.where(active_M, plan.cut_M, vocab)))
+  end = jnp.minimum(plan.block_end_N[first - 1], jnp.min(jnp.where(active_M, plan.cut_M, num)))
   in_group_K = valid_K & (slot_K <= end)
   count = jnp.sum(in_group_K)
   pick = jnp.floor(u_pick * count).astype(jnp.int32)
@@ -585,7 +628,7 @@ def _apply_plan(key, drafts_K, valid_K, q_V, plan: OptimalPlan):
 def optimal_unchecked(key, drafts_K, p_V, q_V, valid_K, *, num_cuts: int = DEFAULT_NUM_CUTS):
   """`optimal` without its input checks (valid_K required), for callers inside jit."""
   k = jnp.sum(valid_K).astype(jnp.int32)
-  plan = _plan_single(p_V, q_V, k, num_cuts, drafts_K.shape[0])
+  plan = _plan(p_V, q_V, k, num_cuts, drafts_K.shape[0])
   return _apply_plan(key, drafts_K, valid_K, q_V, plan)
 
 
