@@ -614,22 +614,56 @@ def _select(key, drafts_K, valid_K, plan: OptimalPlan):
   return select(u_level, jax.random.uniform(pick_key), drafts_K, valid_K, plan)
 
 
+def _plan_where(need, p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
+  """`_plan` where `need`, a plan of zeros elsewhere. Like the refinement in `_plan`, a
+  `lax.while_loop` of at most one step: under vmap it runs only when some position
+  needs it (a `lax.cond` would run for every position)."""
+  shape = jax.eval_shape(lambda: _plan(p_V, q_V, k, num_cuts, max_k))
+  empty = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shape)
+
+  def build(carry):
+    # p and q read through the loop flag, so XLA cannot hoist the plan out of the loop.
+    need, _ = carry
+    p, q = (jnp.where(need, x, 0.0) for x in (p_V, q_V))
+    return jnp.bool_(False), _plan(p, q, k, num_cuts, max_k)
+
+  return lax.while_loop(lambda c: c[0], build, (need, empty))[1]
+
+
+def _verify_with(key, drafts_K, valid_K, q_V, r_V, pick):
+  """(token, accepted): Z = drafts_K[pick(select key)], accepted with probability
+  min(1, q(Z) / r(Z)), otherwise a draw from norm(q - min(r, q))."""
+  select_key, accept_key, residual_key = jax.random.split(key, 3)
+  z = drafts_K[pick(select_key)]
+  r_z = r_V[z]
+  accepted = jnp.any(valid_K) & (jax.random.uniform(accept_key, dtype=r_z.dtype) * r_z < q_V[z])
+  y = categorical(residual_key, acceptance.residual(q_V, jnp.minimum(r_V, q_V)))
+  return jnp.where(accepted, z, y).astype(jnp.int32), accepted
+
+
 def _apply_plan(key, drafts_K, valid_K, q_V, plan: OptimalPlan):
   """The verifier's random part given its plan: (token, accepted)."""
-  select_key, accept_key, residual_key = jax.random.split(key, 3)
-  z = drafts_K[_select(select_key, drafts_K, valid_K, plan)]
-  r_z = plan.r_V[z]
-  accepted = jnp.any(valid_K) & (jax.random.uniform(accept_key, dtype=r_z.dtype) * r_z < q_V[z])
-  y = categorical(residual_key, acceptance.residual(q_V, jnp.minimum(plan.r_V, q_V)))
-  return jnp.where(accepted, z, y).astype(jnp.int32), accepted
+  pick = lambda key: _select(key, drafts_K, valid_K, plan)
+  return _verify_with(key, drafts_K, valid_K, q_V, plan.r_V, pick)
 
 
 @functools.partial(jax.jit, static_argnames="num_cuts")
 def optimal_unchecked(key, drafts_K, p_V, q_V, valid_K, *, num_cuts: int = DEFAULT_NUM_CUTS):
-  """`optimal` without its input checks (valid_K required), for callers inside jit."""
+  """`optimal` without its input checks (valid_K required), for callers inside jit.
+
+  With k <= 1 valid drafts there is nothing to choose: Z is the valid draft and r = p
+  (k = 1: single-draft speculative sampling, optimal for one draft), or there is none
+  (k = 0: the token is drawn from q). The plan is built only where k >= 2, the common
+  case after a walk's first position (`_plan_where`)."""
   k = jnp.sum(valid_K).astype(jnp.int32)
-  plan = _plan(p_V, q_V, k, num_cuts, drafts_K.shape[0])
-  return _apply_plan(key, drafts_K, valid_K, q_V, plan)
+  only = jnp.argmax(valid_K)
+  r_V = jnp.where(k == 1, p_V, 0.0)
+  if drafts_K.shape[0] < 2:
+    return _verify_with(key, drafts_K, valid_K, q_V, r_V, lambda _: only)
+  planned = k >= 2
+  plan = _plan_where(planned, p_V, q_V, k, num_cuts, drafts_K.shape[0])
+  pick = lambda key: jnp.where(planned, _select(key, drafts_K, valid_K, plan), only)
+  return _verify_with(key, drafts_K, valid_K, q_V, jnp.where(planned, plan.r_V, r_V), pick)
 
 
 def optimal(key, drafts_K, p_V, q_V, *, valid_K=None, num_cuts: int = DEFAULT_NUM_CUTS):

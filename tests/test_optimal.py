@@ -315,6 +315,30 @@ def test_monte_carlo_v32000_k8():
   assert float(plan.accept) > 0.998 * bound
 
 
+@pytest.mark.parametrize("vocab", [10, pytest.param(32000, marks=pytest.mark.slow)])
+def test_one_valid_draft_is_speculative_sampling(vocab):
+  """With k = 1 the verifier builds no plan: Z is the valid draft, r = p, so the output law
+  is q and P(accepted) = sum min(p, q), at V = 10 and at an LLM-sized V = 32k. Broken:
+  on rejection drawing q itself (not the residual) is rejected by the same test."""
+  rng = np.random.default_rng(vocab)
+  z = rng.standard_normal(vocab)
+  p_V = jax.nn.softmax(jnp.asarray(2 * z, jnp.float32))
+  q_V = jax.nn.softmax(jnp.asarray(2 * (0.8 * z + 0.6 * rng.standard_normal(vocab)), jnp.float32))
+  n, num_bins = 200_000, min(vocab, 100)
+  draft_key, verify_key, fallback_key = jax.random.split(jax.random.key(vocab), 3)
+  drafts_NxK = _draw(draft_key, p_V, n, 4)
+  valid_K = jnp.array([False, False, True, False])
+  keys_N = jax.random.split(verify_key, n)
+  tokens, accepted = (np.asarray(x) for x in _optimal_N(keys_N, drafts_NxK, p_V, q_V, valid_K))
+  what = f"V={vocab} k=1"
+  stats.assert_law(*_binned(tokens, q_V, num_bins), what)
+  stats.assert_mean(accepted, float(jnp.minimum(p_V, q_V).sum()), f"{what}: acceptance")
+  assert np.all(tokens[accepted] == np.asarray(drafts_NxK[:, 2])[accepted])
+  fallback = np.asarray(_draw(fallback_key, q_V, n, 1)[:, 0])
+  tokens_q = np.where(accepted, tokens, fallback)
+  stats.assert_rejects(*_binned(tokens_q, q_V, num_bins), f"{what}: residual = q")
+
+
 def test_public_verifier_masks_and_matches_its_plan():
   """`optimal` = plan + random part; masked drafts are ignored; k = 0 samples q."""
   rng = np.random.default_rng(3)
