@@ -30,7 +30,9 @@ candidates at once by bisection on U; all others get level 0. Where the O(n) che
 `OptimalPlan.shortfall` exceeds REFINE_SHORTFALL = 2e-3 of the bound, the plan is redone
 with REFINE_FACTOR = 2 times the cuts (and heavy slots). With num_cuts >= V the levels
 are those of the note and sum min(r, q) = alpha*. Measured acceptance, LLM-like and
-near-flat pairs: docs/OPTIMAL_VERIFIER.md.
+near-flat pairs: docs/OPTIMAL_VERIFIER.md. With k <= 1 valid drafts no plan is built:
+the one draft is Z with r = p (single-draft speculative sampling), or none, and q is
+sampled.
 
 Numerics: every prefix sum the construction relies on is monotone by construction and
 has accurate local differences (`_Sums`: two exact int32 sums, of 2^-29 units and of
