@@ -137,12 +137,12 @@ def test_engine_rejects_broken_rollback(models, monkeypatch):
     return commit(cache, tail_B, jnp.where(num_B > 0, cache.R, 0))
 
   draft, target = models
-  engine._compiled.cache_clear()
+  engine.compiled_program.cache_clear()
   monkeypatch.setattr(rounds, "commit", no_rollback)
   try:
     out = _generate(draft, target, "kseq", 3, 2, 4)
   finally:
-    engine._compiled.cache_clear()
+    engine.compiled_program.cache_clear()
   law = _exact_law(target, 4)
   stats.assert_rejects(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, "no rollback")
 

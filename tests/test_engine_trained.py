@@ -101,10 +101,10 @@ def test_spectr_samples_as_likely_as_autoregressive(pair, monkeypatch):
     del tail_B, num_B
     return reset_tails(cache)
 
-  engine._compiled.cache_clear()
+  engine.compiled_program.cache_clear()
   monkeypatch.setattr(rounds, "commit", stale_cache)
   try:
     broken, _ = _sample(pair, "kseq", 1, num_drafts=4, draft_len=4)
   finally:
-    engine._compiled.cache_clear()
+    engine.compiled_program.cache_clear()
   stats.assert_different_mean(broken, reference, "kseq with caches that never advance")
