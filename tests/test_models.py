@@ -338,6 +338,22 @@ def test_ragged_num_new_tokens(harness):
     np.testing.assert_allclose(logits2[b], ref[:, len(p) + n : len(p) + n + 2], atol=ATOL)
 
 
+def test_logits_at_one_position_per_row_equal_the_full_extend(harness):
+  """`extend(..., logits_at_B=)` (the draft's first call of a round) gives the logits of
+  the chosen token of each row, and the same cache, as the full extend."""
+  prompts = _prompts(120, [3, 5])
+  tokens = jnp.asarray(_tokens(130, (2, 3, 2)))
+  num_new, at = jnp.asarray([2, 1], jnp.int32), jnp.asarray([1, 0], jnp.int32)
+  _, cache = _prefill(harness, prompts, num_tails=3, tail_capacity=4)
+  full, full_cache = harness.extend(tokens, cache, num_new)
+  one, one_cache = harness.extend(tokens, cache, num_new, at)
+  assert one.shape == (2, 3, VOCAB)
+  for b in range(2):
+    np.testing.assert_allclose(one[b], full[b, :, int(at[b])], atol=ATOL)
+  for x, y in zip(jax.tree.leaves(one_cache), jax.tree.leaves(full_cache), strict=True):
+    np.testing.assert_array_equal(x, y)
+
+
 def test_commit_then_continue_equals_full_forward_of_committed_sequence(any_harness):
   prompts = _prompts(120, [4, 2, 13])
   drafts = _tokens(130, (3, 3, 4))
