@@ -76,6 +76,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.decoding.stop_at_eos = False  # Stop a row at EOS (False: decode on into the next sentence).
   c.batch_size = 200  # Prompts per engine call (split over all devices when shard).
   c.shard = True  # Split each batch over all devices of all hosts (a data mesh).
+  c.mesh_model = 1  # Devices per "model" group: parameters and caches split by the rules
+  # of spectr_jax.sharding (rows go over the data = devices / mesh_model groups).
   c.compilation_cache = "jax_cache"  # Persistent XLA cache dir ("" = none).
   if arg.runlocal:
     c.name += "-runlocal"

@@ -439,6 +439,7 @@ class SweepConfig:
   batch_size: int
   shard: bool
   compilation_cache: str
+  mesh_model: int = 1
 
   def __post_init__(self):
     unknown = set(self.methods) - set(METHODS)
@@ -450,6 +451,9 @@ class SweepConfig:
       except ValueError:
         raise ValueError(f"rho must be 'star', 'k' or a number >= 1, got {rho!r}") from None
     _integers("batch_size", [self.batch_size], 1)
+    _integers("mesh_model", [self.mesh_model], 1)
+    if self.mesh_model > 1 and not self.shard:
+      raise ValueError(f"mesh_model = {self.mesh_model} needs shard = True (a mesh)")
     _integers("num_drafts", self.num_drafts, 1)
     _integers("draft_lens", self.draft_lens, 1)
     _integers("seeds", self.seeds, 0)

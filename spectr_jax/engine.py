@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spectr_jax import acceptance, checks, rounds, verify
+from spectr_jax import acceptance, checks, rounds, sharding, verify
 from spectr_jax.models import ModelBundle
 from spectr_jax.rounds import DecodeSpec, DecodeStats, Traced
 from spectr_jax.sharding import DATA_AXIS
@@ -48,11 +48,21 @@ class GenerateOutput(NamedTuple):
   stats: DecodeStats
 
 
-def _decode(spec, key, prompt_ids_B, prompts_BxP, lengths_B, draft_params, target_params, traced):
+def _decode(
+  spec, lockstep, key, prompt_ids_B, prompts_BxP, lengths_B, draft_params, target_params, traced
+):
   row_key_B = jax.vmap(jax.random.fold_in, (None, 0))(key, prompt_ids_B)
   state = rounds.init_state(spec, draft_params, target_params, prompts_BxP, lengths_B)
+
+  def running(s):
+    if not lockstep:
+      return ~jnp.all(s.done_B)
+    # Every device runs the same rounds, so the model-parallel collectives of one round
+    # meet across all devices (finished rows pass rounds unchanged).
+    return jax.lax.psum(jnp.any(~s.done_B).astype(jnp.int32), DATA_AXIS) > 0
+
   state = jax.lax.while_loop(
-    lambda s: ~jnp.all(s.done_B),
+    running,
     lambda s: rounds.run_round(spec, draft_params, target_params, row_key_B, s, traced),
     state,
   )
@@ -66,14 +76,19 @@ def compiled_program(spec: DecodeSpec, mesh: jax.sharding.Mesh | None = None):
   """The jitted program that `generate` runs for `spec` (cached; for inspecting its HLO,
   memory or profile): (key, prompt_ids_B, prompts_BxP, lengths_B, draft_params,
   target_params, traced) -> GenerateOutput."""
-  fn = functools.partial(_decode, spec)
+  lockstep = sharding.model_size(mesh) > 1
+  fn = functools.partial(_decode, spec, lockstep)
   if mesh is not None:
+    # Rows are split over "data" by hand (each device's rows run their own rounds); the
+    # "model" axis stays automatic: GSPMD partitions the model calls by the parameters'
+    # and caches' shardings (`sharding.RULES`).
     data, rep = PartitionSpec(DATA_AXIS), PartitionSpec()
     fn = jax.shard_map(
       fn,
       mesh=mesh,
       in_specs=(rep, data, data, data, rep, rep, rep),
       out_specs=data,
+      axis_names={DATA_AXIS},
       check_vma=False,
     )
   return jax.jit(fn, compiler_options=compiler_options(mesh))
@@ -249,11 +264,16 @@ def generate(
   draft_params = None if draft_len == 0 else draft.params
   target_params = target.params
   if mesh is not None:
-    replicated = NamedSharding(mesh, PartitionSpec())
-    draft_params, target_params = jax.device_put((draft_params, target_params), replicated)
-    prompts, lengths, ids = _pad_rows(-b % mesh.shape[DATA_AXIS], prompts, lengths, ids)
+    draft_params, target_params = (
+      None if p is None else sharding.shard_params(p, mesh) for p in (draft_params, target_params)
+    )
+    rows = _pad_rows(-b % mesh.shape[DATA_AXIS], prompts, lengths, ids)
+    ids, prompts, lengths = sharding.put(
+      (rows[2], rows[0], rows[1]), NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+    )
+    key, traced = sharding.put((key, traced), NamedSharding(mesh, PartitionSpec()))
   program = compiled_program(spec, mesh)
   out = program(key, ids, prompts, lengths, draft_params, target_params, traced)
   if mesh is not None:
-    out = jax.tree.map(lambda x: x[:b], out)
+    out = jax.tree.map(lambda x: x[:b], sharding.fetch(out))
   return out

@@ -276,8 +276,10 @@ def _run_sweep(config, pair, provenance_config, writer):
     results.append_record(results_dir / results.PROVENANCE_FILE, record)
   mesh = None
   if config.shard:
-    mesh = sharding.data_mesh()
-    pair = pairs.replicate(pair, mesh)
+    mesh = sharding.make_mesh(model=config.mesh_model)
+    pair = pairs.shard(pair, mesh)
+    if writer:
+      logging.info("sharding of the target:\n%s", sharding.describe(pair.target.params, mesh))
   progress = _Progress(len(cells), len(cells) - len(todo))
   for cell in todo:
     record = {"key": cell.key, "cell": cell.as_record()}

@@ -17,9 +17,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
-from spectr_jax import runs, train
+from spectr_jax import runs, sharding, train
 from spectr_jax.config import PairConfig, TrainConfig, resolve
 from spectr_jax.data import (
   RESERVED,
@@ -226,11 +225,10 @@ def _pretrained_pair(config: PairConfig) -> Pair:
   )
 
 
-def replicate(pair: Pair, mesh: jax.sharding.Mesh) -> Pair:
-  """The pair with both models' parameters replicated over `mesh` (restored checkpoints
-  sit on one device, which a computation over the whole mesh cannot take)."""
-  replicated = NamedSharding(mesh, PartitionSpec())
+def shard(pair: Pair, mesh: jax.sharding.Mesh) -> Pair:
+  """The pair with both models' parameters placed on `mesh` by `sharding.RULES` (restored
+  checkpoints sit on one device, which a computation over the whole mesh cannot take)."""
   draft, target = (
-    ModelBundle(m.config, jax.device_put(m.params, replicated)) for m in (pair.draft, pair.target)
+    ModelBundle(m.config, sharding.shard_params(m.params, mesh)) for m in (pair.draft, pair.target)
   )
   return dataclasses.replace(pair, draft=draft, target=target)

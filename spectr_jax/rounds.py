@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from spectr_jax import sampling, verify
+from spectr_jax import sampling, sharding, verify
 from spectr_jax.models import KVCache, ModelConfig, Transformer, commit, init_cache
 
 
@@ -104,6 +104,7 @@ class Traced(NamedTuple):
 def probs(spec: DecodeSpec, logits_XxV, traced: Traced):
   """Sampling distributions of logits [..., V] under the spec's transforms (float32)."""
   top_p = traced.top_p if spec.use_top_p else None
+  logits_XxV = sharding.replicate_over_model(logits_XxV)
   return sampling.transform_probs(logits_XxV, traced.temperature, top_k=spec.top_k, top_p=top_p)
 
 
@@ -332,7 +333,7 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
 
   def prefill(config, params, num_tails):
     config = dataclasses.replace(config, max_len=cache_len)
-    cache = init_cache(config, b, num_tails, w)
+    cache = sharding.constrain_cache(init_cache(config, b, num_tails, w))
     _, cache = Transformer(config).apply(
       {"params": params}, prompts_BxP, lengths_B - 1, cache, method=Transformer.prefill
     )

@@ -1,13 +1,80 @@
-"""Meshes, multi-host initialisation and the persistent compilation cache."""
+"""Meshes, the sharding rules of every parameter and cache, multi-host start, compile cache.
+
+One 2-D mesh, ("data", "model"), serves decoding, training and checkpoint restore. Every
+array dimension carries a *logical* axis name (`PARAM_AXES`, `CACHE_AXES`); one rule
+table (`RULES`, Megatron-style) maps logical axes to mesh axes:
+
+  batch    -> data    rows of a decode or training batch
+  heads    -> model   query heads (w_q, w_o, b_q)
+  kv_heads -> model   key/value heads (w_k, w_v, the caches)
+  mlp      -> model   MLP width (w_up, w_gate, w_down)
+  vocab    -> model   embedding and output-layer rows
+  embed    -> None    model width (-> data with `fsdp=True`: FSDP for training)
+  other    -> None    layers, positions, head_dim, sequence, drafts, tail slots
+
+An axis that does not divide by its mesh axis' size is replicated, by rule (the single
+KV head of multi-query attention, GPT-2's 50,257-entry vocabulary on an even "model"
+axis); `describe` prints what each parameter gets, and entry points log it.
+"""
 
 import os
 import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.experimental import multihost_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = "data"
+MODEL_AXIS = "model"
+MESH_AXES = (DATA_AXIS, MODEL_AXIS)
+
+RULES: Mapping[str, str | None] = {
+  "batch": DATA_AXIS,
+  "heads": MODEL_AXIS,
+  "kv_heads": MODEL_AXIS,
+  "mlp": MODEL_AXIS,
+  "vocab": MODEL_AXIS,
+  "embed": None,
+}
+FSDP_RULES: Mapping[str, str | None] = {**RULES, "embed": DATA_AXIS}
+
+# The logical axes of every parameter, by its name (the last key of its path; norms'
+# "scale" and "bias" are D long, and nn.Embed tables are "embedding").
+PARAM_AXES: Mapping[str, tuple[str, ...]] = {
+  "w_q": ("embed", "heads", "head_dim"),
+  "w_k": ("embed", "kv_heads", "head_dim"),
+  "w_v": ("embed", "kv_heads", "head_dim"),
+  "w_o": ("heads", "head_dim", "embed"),
+  "b_q": ("heads", "head_dim"),
+  "b_k": ("kv_heads", "head_dim"),
+  "b_v": ("kv_heads", "head_dim"),
+  "b_o": ("embed",),
+  "w_gate": ("embed", "mlp"),
+  "w_up": ("embed", "mlp"),
+  "w_down": ("mlp", "embed"),
+  "b_gate": ("mlp",),
+  "b_up": ("mlp",),
+  "b_down": ("embed",),
+  "scale": ("embed",),
+  "bias": ("embed",),
+  "out_embedding": ("vocab", "embed"),
+  "embedding": ("vocab", "embed"),
+}
+# The position table of learned positions (pos_embed/embedding) is not a vocabulary.
+_POSITION_TABLE = ("positions", "embed")
+
+# The logical axes of the KV cache's fields (`spectr_jax.models.KVCache`).
+CACHE_AXES: Mapping[str, tuple[str, ...]] = {
+  "prefix_k": ("layers", "batch", "seq", "kv_heads", "head_dim"),
+  "prefix_v": ("layers", "batch", "seq", "kv_heads", "head_dim"),
+  "prefix_len": ("batch",),
+  "tail_k": ("layers", "batch", "drafts", "tail", "kv_heads", "head_dim"),
+  "tail_v": ("layers", "batch", "drafts", "tail", "kv_heads", "head_dim"),
+  "tail_len": ("batch", "drafts"),
+}
 
 
 def maybe_initialize_distributed() -> None:
@@ -23,16 +90,191 @@ def maybe_initialize_distributed() -> None:
     jax.distributed.initialize()
 
 
-def data_mesh(num_devices: int | None = None) -> Mesh:
-  """A 1-D mesh over the first `num_devices` devices (all, across hosts, by default).
+def make_mesh(
+  data: int | None = None, model: int = 1, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
+  """The ("data", "model") mesh over `devices` (default: all, across processes).
 
-  Decoding splits prompts over its "data" axis and replicates the parameters.
+  Args:
+    data: the "data" axis size (default: the devices left by `model`).
+    model: the "model" axis size (1: parameters replicated, rows split over all devices).
+    devices: the devices; `data * model` must equal their number. A process's devices
+      stay consecutive along "model" (model-parallel collectives stay within a host).
+
+  Returns:
+    A mesh with Auto axes (GSPMD propagates shardings through the decode and train steps).
   """
-  devices = jax.devices()
-  count = len(devices) if num_devices is None else num_devices
-  if not 1 <= count <= len(devices):
-    raise ValueError(f"num_devices must lie in [1, {len(devices)}], got {count}")
-  return Mesh(np.asarray(devices[:count]), (DATA_AXIS,))
+  devices = list(jax.devices() if devices is None else devices)
+  for name, size in (("data", data), ("model", model)):
+    if size is not None and (not isinstance(size, int | np.integer) or size < 1):
+      raise ValueError(f"mesh axis {name!r} must be a positive int, got {size!r}")
+  if data is None:
+    if len(devices) % model:
+      raise ValueError(f"model={model} does not divide the {len(devices)} devices")
+    data = len(devices) // model
+  if data * model != len(devices):
+    raise ValueError(
+      f"mesh (data={data}, model={model}) needs {data * model} devices, there are "
+      f"{len(devices)} (data x model must use them all)"
+    )
+  grid = np.asarray(devices, dtype=object).reshape(data, model)
+  return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def model_size(mesh: Mesh | None) -> int:
+  """The size of the mesh's "model" axis (1 without a mesh or without the axis)."""
+  return 1 if mesh is None else dict(mesh.shape).get(MODEL_AXIS, 1)
+
+
+def logical_spec(
+  axes: Sequence[str],
+  shape: Sequence[int],
+  mesh: Mesh | jax.sharding.AbstractMesh,
+  rules: Mapping[str, str | None] = RULES,
+) -> PartitionSpec:
+  """The partition of an array whose dimensions have logical `axes`, by `rules`.
+
+  A dimension gets its rule's mesh axis when that axis is in the mesh, not yet used by
+  an earlier dimension and divides the dimension; otherwise it is replicated.
+  """
+  if len(axes) != len(shape):
+    raise ValueError(f"logical axes {tuple(axes)} do not match shape {tuple(shape)}")
+  sizes = dict(mesh.shape)
+  used, spec = set(), []
+  for axis, dim in zip(axes, shape, strict=True):
+    target = rules.get(axis)
+    if target is None or target not in sizes or target in used or dim % sizes[target]:
+      spec.append(None)
+      continue
+    used.add(target)
+    spec.append(target)
+  while spec and spec[-1] is None:
+    spec.pop()
+  return PartitionSpec(*spec)
+
+
+def param_axes(path: Sequence[Any]) -> tuple[str, ...]:
+  """The logical axes of the parameter at a pytree `path` (keys of a params dict)."""
+  names = [str(getattr(k, "key", k)) for k in path]
+  if names[-2:] == ["pos_embed", "embedding"]:
+    return _POSITION_TABLE
+  if names[-1] not in PARAM_AXES:
+    raise KeyError(f"no sharding rule for parameter {'/'.join(names)}")
+  return PARAM_AXES[names[-1]]
+
+
+def param_specs(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> Any:
+  """The `PartitionSpec` of every parameter (a pytree like `params`; arrays or shapes)."""
+  return jax.tree_util.tree_map_with_path(
+    lambda path, x: logical_spec(param_axes(path), np.shape(x), mesh, rules), params
+  )
+
+
+def param_shardings(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> Any:
+  """The `NamedSharding` of every parameter over `mesh`."""
+  return jax.tree.map(
+    lambda spec: NamedSharding(mesh, spec),
+    param_specs(params, mesh, rules),
+    is_leaf=lambda x: isinstance(x, PartitionSpec),
+  )
+
+
+def shard_params(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> Any:
+  """Places `params` on `mesh` by the rules (every process passes the same values)."""
+  return put(params, param_shardings(params, mesh, rules))
+
+
+def put(tree: Any, shardings: Any) -> Any:
+  """Places arrays whose full value every process holds onto `shardings` (a sharding or
+  a pytree of them), across processes too; arrays already placed so stay as they are."""
+
+  def place(x, target):
+    if isinstance(x, jax.Array) and x.sharding == target:
+      return x
+    if target.is_fully_addressable:
+      return jax.device_put(x, target)
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      data = place(jax.random.key_data(x), target)
+      return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, target, lambda index: host[index])
+
+  if isinstance(shardings, jax.sharding.Sharding):
+    return jax.tree.map(lambda x: place(x, shardings), tree)
+  return jax.tree.map(place, tree, shardings)
+
+
+def fetch(tree: Any) -> Any:
+  """The full value of every array of `tree` on every process (as numpy arrays when the
+  arrays span several processes; unchanged otherwise)."""
+  if all(x.is_fully_addressable for x in jax.tree.leaves(tree)):
+    return tree
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def cache_specs(cache: Any, mesh: Mesh | jax.sharding.AbstractMesh, skip_batch=False) -> Any:
+  """The `PartitionSpec` of every field of a `KVCache` (same structure).
+
+  With `skip_batch` the batch axis is left out (inside the engine's `shard_map`, where
+  rows are already split over "data" by hand).
+  """
+  rules = {**RULES, "batch": None} if skip_batch else RULES
+  return type(cache)(
+    **{
+      name: logical_spec(axes, getattr(cache, name).shape, mesh, rules)
+      for name, axes in CACHE_AXES.items()
+    }
+  )
+
+
+def constrain_cache(cache: Any) -> Any:
+  """Pins a cache built inside a traced program to the rules' sharding over "model".
+
+  A no-op outside a mesh context or where the context has no "model" axis (a plain jit,
+  or a data-only mesh); inside the engine's `shard_map` the batch is already local.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or dict(mesh.shape).get(MODEL_AXIS, 1) == 1:
+    return cache
+  specs = cache_specs(cache, mesh, skip_batch=True)
+  return jax.tree.map(jax.lax.with_sharding_constraint, cache, specs)
+
+
+def replicate_over_model(x: Any) -> Any:
+  """Gathers arrays sharded over "model" inside a traced program (a no-op elsewhere).
+
+  The engine gathers the logits of every model call before sampling and verifying:
+  the verifiers' data-dependent loops then hold no model-axis collectives (rows on
+  different "data" devices may loop a different number of times).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or dict(mesh.shape).get(MODEL_AXIS, 1) == 1:
+    return x
+  return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, PartitionSpec()), x)
+
+
+def per_device_bytes(x: jax.Array) -> int:
+  """Bytes of one device's shard of `x` (by its sharding)."""
+  return int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
+
+
+def describe(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> str:
+  """A table of the rules and of each distinct parameter name's shape and partition."""
+  lines = [
+    f"mesh {dict(mesh.shape)} over {mesh.size} devices ({jax.process_count()} processes)",
+    "rules: " + ", ".join(f"{k}->{v}" for k, v in rules.items()) + ", other->None",
+  ]
+  seen = {}
+  for path, x in jax.tree_util.tree_leaves_with_path(params):
+    names = [str(getattr(k, "key", k)) for k in path]
+    name = "/".join(n for n in names if not n.startswith("block_"))
+    if name in seen:
+      continue
+    axes = param_axes(path)
+    seen[name] = (tuple(np.shape(x)), axes, logical_spec(axes, np.shape(x), mesh, rules))
+  for name, (shape, axes, spec) in sorted(seen.items()):
+    lines.append(f"  {name:32s} {str(shape):18s} {str(axes):36s} {spec}")
+  return "\n".join(lines)
 
 
 def enable_compilation_cache(directory: str | pathlib.Path) -> None:

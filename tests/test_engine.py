@@ -235,7 +235,7 @@ def test_row_randomness_is_per_prompt(models):
 def test_sharded_equals_single_device(models):
   draft, target = models
   assert len(jax.devices()) == 8
-  mesh = sharding.data_mesh()
+  mesh = sharding.make_mesh()
   prompts = jnp.asarray(np.random.default_rng(0).integers(0, V, (12, 3)), jnp.int32)
   lengths = jnp.asarray(np.random.default_rng(1).integers(1, 4, 12))
   kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
