@@ -22,6 +22,7 @@ hit (L + 1 tokens) it has two pending tokens, fed together at the start of the n
 """
 
 import functools
+import inspect
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -229,12 +230,35 @@ def generate(
       (any of them ends a row) or None.
     rho: K-SEQ split factor "star", "k" or a number (traced).
     prompt_ids: B ints naming the prompts for the randomness (default 0..B-1).
-    mesh: optional mesh with a "data" axis: rows are split over it (the batch is padded
-      to a multiple of its size); parameters are replicated.
+    mesh: optional `sharding.make_mesh` mesh: rows are split over "data" (the batch is
+      padded to a multiple of its size), parameters and caches over "model" by
+      `sharding.RULES`; it may span processes (every process passes the same inputs and
+      gets the whole output).
 
   Returns:
     `GenerateOutput(tokens_BxT, lengths_B, stats)`.
   """
+  program, args, b = _prepare(**locals())
+  out = program(*args)
+  if mesh is not None:
+    out = jax.tree.map(lambda x: x[:b], sharding.fetch(out))
+  return out
+
+
+def lower(key: jax.Array, **kwargs) -> jax.stages.Lowered:
+  """The lowered program `generate(key, **kwargs)` runs (for its HLO, cost or memory:
+  `.compile().as_text()`, `.compile().memory_analysis()`)."""
+  call = inspect.signature(generate).bind(key, **kwargs)
+  call.apply_defaults()
+  program, args, _ = _prepare(**call.arguments)
+  return program.lower(*args)
+
+
+def _prepare(
+  key, *, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
+  max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids, mesh,
+):  # fmt: skip
+  """Checks the inputs of `generate`; returns its program, the placed arguments and B."""
   if method == "autoregressive":
     num_drafts, draft_len = 1, 0
   _check_inputs(draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
@@ -272,8 +296,5 @@ def generate(
       (rows[2], rows[0], rows[1]), NamedSharding(mesh, PartitionSpec(DATA_AXIS))
     )
     key, traced = sharding.put((key, traced), NamedSharding(mesh, PartitionSpec()))
-  program = compiled_program(spec, mesh)
-  out = program(key, ids, prompts, lengths, draft_params, target_params, traced)
-  if mesh is not None:
-    out = jax.tree.map(lambda x: x[:b], sharding.fetch(out))
-  return out
+  args = (key, ids, prompts, lengths, draft_params, target_params, traced)
+  return compiled_program(spec, mesh), args, b

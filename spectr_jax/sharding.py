@@ -19,6 +19,7 @@ axis); `describe` prints what each parameter gets, and entry points log it.
 
 import os
 import pathlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -275,6 +276,58 @@ def describe(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -
   for name, (shape, axes, spec) in sorted(seen.items()):
     lines.append(f"  {name:32s} {str(shape):18s} {str(axes):36s} {spec}")
   return "\n".join(lines)
+
+
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$")
+_OP = re.compile(r"= [^=]*? (" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_CHILD = re.compile(
+  r"(calls|to_apply|body|condition|true_computation|false_computation)=%?([\w.\-]+)"
+)
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+def collective_counts(hlo_text: str) -> dict[str, dict[str, int]]:
+  """Collectives a compiled program executes, from its optimised HLO text.
+
+  Returns {"once": counts, "per_iteration": counts}, each op kind -> executions: ops
+  outside the program's outermost loop of unknown trip count run once; those inside it
+  (the engine's round loop) per iteration. Loops of known trip count (a draft's scan
+  over L steps) multiply their bodies; a data-dependent loop inside the outer one
+  counts once.
+  """
+  computations, name, entry = {}, None, None
+  for line in hlo_text.splitlines():
+    header = _HEADER.match(line)
+    if header:
+      name = header.group(1)
+      computations[name] = []
+      entry = name if line.startswith("ENTRY") else entry
+    elif name is not None and line.strip() and line.strip() != "}":
+      computations[name].append(line)
+  totals = {"once": dict.fromkeys(COLLECTIVES, 0), "per_iteration": dict.fromkeys(COLLECTIVES, 0)}
+
+  def walk(comp: str, times: int, bucket: str) -> None:
+    for line in computations.get(comp, ()):
+      op = _OP.search(line)
+      if op:
+        totals[bucket][op.group(1)] += times
+      children = [c for _, c in _CHILD.findall(line)]
+      for branches in _BRANCHES.findall(line):
+        children += [b.strip().lstrip("%") for b in branches.split(",")]
+      trip = _TRIP.search(line)
+      loop = " while(" in line
+      for child in children:
+        if loop and trip:
+          walk(child, times * int(trip.group(1)), bucket)
+        elif loop and bucket == "once":
+          walk(child, 1, "per_iteration")
+        else:
+          walk(child, times, bucket)
+
+  walk(entry, 1, "once")
+  return totals
 
 
 def enable_compilation_cache(directory: str | pathlib.Path) -> None:
