@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from configs import lm1b_spectr, rho_ablation
-from spectr_jax import engine, experiment, pairs, results
+from spectr_jax import engine, experiment, memory, pairs, results
 from spectr_jax.config import DecodeSettings, RhoAblationConfig, SweepConfig
 from spectr_jax.data import TokenizedSplit
 from spectr_jax.models import ModelBundle, get_model_config, init_params
@@ -293,6 +293,15 @@ def test_sweep_writes_one_line_per_cell_and_resumes(pair, tmp_path, monkeypatch)
   for before, after in zip(records, again, strict=True):
     assert before["emitted"] == after["emitted"] and before["rounds"] == after["rounds"]
   assert experiment.run_sweep(config, pair) and len(ran) == 1  # nothing left to run
+
+
+def test_sweep_that_does_not_fit_stops_before_decoding(pair, tmp_path, monkeypatch):
+  config = sweep_config(tmp_path, methods=("sd",), shard=False, device_memory="0.0001")
+  monkeypatch.setattr(experiment, "run_cell", lambda *a: pytest.fail("decoded"))
+  with pytest.raises(memory.DoesNotFitError, match="mesh_model > 1"):
+    experiment.run_sweep(config, pair)
+  plan = experiment.memory_plan(config, pair.draft.config, pair.target.config, None)
+  assert (plan.method, plan.num_drafts, plan.draft_len) == ("sd", 1, max(config.draft_lens))
 
 
 @pytest.mark.slow
