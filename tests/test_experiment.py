@@ -362,6 +362,7 @@ def test_launch_tpu_pod_dry_run():
     "--tpu=my-pod",
     "--zone=us-central2-b",
     "--copy",
+    "--mesh-model=4",
     "--",
     "python",
     "-m",
@@ -376,10 +377,18 @@ def test_launch_tpu_pod_dry_run():
   assert all("--worker=all" in line and "--zone=us-central2-b" in line for line in lines)
   assert "scp" in lines[0] and "scripts/setup.sh" in lines[1] and "jax[tpu]" in lines[1]
   assert "python -m experiments.sweep --config configs/lm1b_spectr.py" in lines[-1]
+  assert lines[-1].endswith("--config.mesh_model=4'")  # appended to the command
   assert _script("launch_tpu_pod.sh", "--dry-run", "--", "true").returncode != 0  # no --tpu
+  bad = _script(
+    "launch_tpu_pod.sh", "--dry-run", "--tpu=p", "--zone=z", "--mesh-model=0", "--", "x"
+  )
+  assert bad.returncode == 2 and "--mesh-model" in bad.stderr
 
 
 def test_launch_gpu_host_dry_run():
   run = _script("launch_gpu_host.sh", "--dry-run", "--", "python", "-m", "experiments.sweep")
   assert run.returncode == 0, run.stderr
   assert "python -m experiments.sweep" in run.stdout
+  run = _script("launch_gpu_host.sh", "--dry-run", "--mesh-model=2", "--", "python", "-m", "x")
+  assert run.returncode == 0, run.stderr
+  assert "python -m x --config.mesh_model=2" in run.stdout
