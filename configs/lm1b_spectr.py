@@ -78,6 +78,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.shard = True  # Split each batch over all devices of all hosts (a data mesh).
   c.mesh_model = 1  # Devices per "model" group: parameters and caches split by the rules
   # of spectr_jax.sharding (rows go over the data = devices / mesh_model groups).
+  c.device_memory = ""  # Memory per device for the check before compiling: a name of
+  # spectr_jax.memory.DEVICE_MEMORY ("tpu-v5e", "h100", ...), GiB ("16"), or "" = what the
+  # device reports (none on CPU: the arithmetic is printed, not checked).
   c.compilation_cache = "jax_cache"  # Persistent XLA cache dir ("" = none).
   if arg.runlocal:
     c.name += "-runlocal"

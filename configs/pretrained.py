@@ -29,6 +29,127 @@ PAIRS: dict[str, tuple[str, str, str, int, int]] = {
 }
 ARGS: dict[str, Any] = dict(pair="", draft_dir="", target_dir="")
 
+_LLAMA3 = dict(model_type="llama", rope_theta=500000.0, max_position_embeddings=131072)
+_LLAMA3_SCALING = dict(
+  low_freq_factor=1.0,
+  high_freq_factor=4.0,
+  original_max_position_embeddings=8192,
+  rope_type="llama3",
+)
+_GEMMA2 = dict(
+  model_type="gemma2",
+  head_dim=256,
+  query_pre_attn_scalar=256,
+  sliding_window=4096,
+  attn_logit_softcapping=50.0,
+  final_logit_softcapping=30.0,
+  vocab_size=256000,
+  max_position_embeddings=8192,
+)
+_QWEN2 = dict(model_type="qwen2", rope_theta=1e6, max_position_embeddings=32768)
+_GPT2 = dict(model_type="gpt2", n_positions=1024, vocab_size=50257)
+# The published config.json sizes of the checkpoints above (public facts, enough for
+# `models.config_from_hf`): scripts/memory_plan.py plans a pair's memory from these when
+# its directories hold no config.json yet (nothing is read but config.json either way).
+PUBLISHED: dict[str, dict[str, Any]] = {
+  "SmolLM2-135M": dict(
+    model_type="llama",
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    vocab_size=49152,
+    tie_word_embeddings=True,
+    rope_theta=100000.0,
+    max_position_embeddings=8192,
+    torch_dtype="bfloat16",
+  ),
+  "SmolLM2-1.7B": dict(
+    model_type="llama",
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=24,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    head_dim=64,
+    vocab_size=49152,
+    tie_word_embeddings=True,
+    rope_theta=130000.0,
+    max_position_embeddings=8192,
+    torch_dtype="bfloat16",
+  ),
+  "Qwen2.5-0.5B": dict(
+    _QWEN2,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    torch_dtype="bfloat16",
+  ),
+  "Qwen2.5-7B": dict(
+    _QWEN2,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    vocab_size=152064,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+  ),
+  "Llama-3.2-1B": dict(
+    _LLAMA3,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    vocab_size=128256,
+    tie_word_embeddings=True,
+    rope_scaling=dict(_LLAMA3_SCALING, factor=32.0),
+    torch_dtype="bfloat16",
+  ),
+  "Llama-3.1-8B": dict(
+    _LLAMA3,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    tie_word_embeddings=False,
+    rope_scaling=dict(_LLAMA3_SCALING, factor=8.0),
+    torch_dtype="bfloat16",
+  ),
+  "gemma-2-2b": dict(
+    _GEMMA2,
+    hidden_size=2304,
+    intermediate_size=9216,
+    num_hidden_layers=26,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    torch_dtype="float32",
+  ),
+  "gemma-2-9b": dict(
+    _GEMMA2,
+    hidden_size=3584,
+    intermediate_size=14336,
+    num_hidden_layers=42,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    torch_dtype="float32",
+  ),
+  "gpt2": dict(_GPT2, n_embd=768, n_layer=12, n_head=12),
+  "gpt2-xl": dict(_GPT2, n_embd=1600, n_layer=48, n_head=25),
+}
+
 
 def apply(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
   """Turns sweep config `c` into a sweep over the pretrained pair `arg.pair` (in place).

@@ -7,23 +7,28 @@
 #
 # Usage:
 #   scripts/launch_tpu_pod.sh --tpu=NAME --zone=ZONE [--project=ID] [--dir=DIR] [--copy]
-#       [--dry-run] -- COMMAND [ARG...]
+#       [--mesh-model=N] [--dry-run] -- COMMAND [ARG...]
 #
-#   --copy     first ship this checkout's HEAD (git archive) to DIR on every worker and
-#              run scripts/setup.sh there, plus jax[tpu] at this checkout's jax version.
-#   --dir      the checkout on the workers (default: spectr-jax, in the home directory).
-#   --dry-run  print the commands instead of running them.
+#   --copy        first ship this checkout's HEAD (git archive) to DIR on every worker and
+#                 run scripts/setup.sh there, plus jax[tpu] at this checkout's jax version.
+#   --dir         the checkout on the workers (default: spectr-jax, in the home directory).
+#   --mesh-model  the mesh's "model" axis: appends --config.mesh_model=N to COMMAND (an
+#                 entry point with a --config file), so parameters and caches are split
+#                 over groups of N chips and rows over the devices / N groups (choose N
+#                 with scripts/memory_plan.py; N = the chips of one worker keeps the
+#                 model-parallel collectives within a host).
+#   --dry-run     print the commands instead of running them.
 #
 # COMMAND runs in DIR on every worker, e.g.
-#   scripts/launch_tpu_pod.sh --tpu=my-v4-32 --zone=us-central2-b --copy -- \
+#   scripts/launch_tpu_pod.sh --tpu=my-v4-32 --zone=us-central2-b --copy --mesh-model=4 -- \
 #     env SPECTR_WORKDIR=/mnt/disk/spectr .venv/bin/python -m experiments.sweep \
-#     --config configs/lm1b_spectr.py
+#     --config configs/pod_llama_v4_32.py
 # Every worker needs the trained pair under its $SPECTR_WORKDIR (a shared disk, or copied
 # there first; see docs/EXPERIMENTS.md). Results stay on worker 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tpu="" zone="" project="" dir="spectr-jax" copy=0 dry_run=0
+tpu="" zone="" project="" dir="spectr-jax" copy=0 dry_run=0 mesh_model=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --tpu=*) tpu="${1#*=}" ;;
@@ -31,6 +36,7 @@ while [ $# -gt 0 ]; do
     --project=*) project="${1#*=}" ;;
     --dir=*) dir="${1#*=}" ;;
     --copy) copy=1 ;;
+    --mesh-model=*) mesh_model="${1#*=}" ;;
     --dry-run) dry_run=1 ;;
     --) shift; break ;;
     *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
@@ -38,8 +44,15 @@ while [ $# -gt 0 ]; do
   shift
 done
 if [ -z "$tpu" ] || [ -z "$zone" ] || [ $# -eq 0 ]; then
-  echo "usage: $0 --tpu=NAME --zone=ZONE [--project=ID] [--dir=DIR] [--copy] [--dry-run] -- COMMAND..." >&2
+  echo "usage: $0 --tpu=NAME --zone=ZONE [--project=ID] [--dir=DIR] [--copy] [--mesh-model=N] [--dry-run] -- COMMAND..." >&2
   exit 2
+fi
+if [ -n "$mesh_model" ]; then
+  if ! [[ "$mesh_model" =~ ^[1-9][0-9]*$ ]]; then
+    echo "--mesh-model must be a positive integer, got '$mesh_model'" >&2
+    exit 2
+  fi
+  set -- "$@" --config.mesh_model="$mesh_model"
 fi
 
 # Prints a command (quoting only the words that need it) or runs it.

@@ -21,7 +21,7 @@ Layers (imports go down only; tests/test_layers.py checks them):
   -> runner: experiment (sweeps), analysis (rho ablation), evaluate, pairs, train
      beside it: config (the config boundary), runs and results (storage), report
   -> engine (and its round pieces, rounds)
-  -> verify, models, data
+  -> verify, models, data (and memory: the device-memory arithmetic of a decode)
   -> block (block-level verifiers), block_bound (their exact values and the LP bound)
   -> acceptance, optimal, sampling (and checks, sharding, metrics, timing)
 

@@ -25,7 +25,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spectr_jax import acceptance, engine
+from spectr_jax import acceptance, engine, memory
 from spectr_jax.data import EOS_ID, DataConfig, default_workdir
 from spectr_jax.models import ModelConfig, get_model_config
 
@@ -440,6 +440,7 @@ class SweepConfig:
   shard: bool
   compilation_cache: str
   mesh_model: int = 1
+  device_memory: str = ""
 
   def __post_init__(self):
     unknown = set(self.methods) - set(METHODS)
@@ -454,6 +455,8 @@ class SweepConfig:
     _integers("mesh_model", [self.mesh_model], 1)
     if self.mesh_model > 1 and not self.shard:
       raise ValueError(f"mesh_model = {self.mesh_model} needs shard = True (a mesh)")
+    if self.device_memory:
+      memory.device_bytes(self.device_memory)  # A known name or a number of GiB.
     _integers("num_drafts", self.num_drafts, 1)
     _integers("draft_lens", self.draft_lens, 1)
     _integers("seeds", self.seeds, 0)

@@ -29,9 +29,10 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from spectr_jax import engine, locks, pairs, results, runs, sharding
+from spectr_jax import engine, locks, memory, pairs, results, runs, sharding
 from spectr_jax.config import DecodeSettings, SweepConfig, check_rho, resolve, rhos_for
 from spectr_jax.data import make_prompts
+from spectr_jax.models import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +198,48 @@ def run_cell(
   }
 
 
+def memory_plan(
+  config: SweepConfig,
+  draft: ModelConfig,
+  target: ModelConfig,
+  mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None,
+  params: dict[str, Any] | None = None,
+) -> memory.MemoryPlan:
+  """The device memory of the sweep's largest cell (`memory.plan`), before compiling.
+
+  Each method's largest cell (its largest K and L in the grid) is planned; the plan with
+  the largest total is returned.
+
+  Args:
+    config: the sweep (its grid, batch size and decoding settings).
+    draft, target: the pair's model configs.
+    mesh: the sweep's mesh (None: one device, as with `shard = False`).
+    params: {"draft": params, "target": params} of the loaded pair (default: shapes from
+      the configs).
+  """
+  mesh = memory.abstract_mesh(1, 1) if mesh is None else mesh
+  largest = {}
+  for cell in expand(config, ""):
+    k, length = largest.get(cell.method, (0, 0))
+    largest[cell.method] = (max(k, cell.num_drafts), max(length, cell.draft_len))
+  plans = [
+    memory.plan(
+      draft,
+      target,
+      mesh,
+      batch_size=config.batch_size,
+      method=method,
+      num_drafts=k,
+      draft_len=length,
+      prompt_width=config.decoding.prompt_len + 1,
+      max_new_tokens=config.decoding.max_new_tokens,
+      params=params,
+    )
+    for method, (k, length) in largest.items()
+  ]
+  return max(plans, key=lambda p: p.total)
+
+
 class _Progress:
   """Logs each finished cell with the count done and an ETA from this run's pace."""
 
@@ -274,9 +317,15 @@ def _run_sweep(config, pair, provenance_config, writer):
     record = runs.provenance(described)
     record.update(run=run_id, pair=dict(pair.description, fingerprint=pair.fingerprint))
     results.append_record(results_dir / results.PROVENANCE_FILE, record)
-  mesh = None
-  if config.shard:
-    mesh = sharding.make_mesh(model=config.mesh_model)
+  mesh = sharding.make_mesh(model=config.mesh_model) if config.shard else None
+  params = {"draft": pair.draft.params, "target": pair.target.params}
+  plan = memory_plan(config, pair.draft.config, pair.target.config, mesh, params)
+  device_bytes = memory.device_bytes(config.device_memory)
+  if writer:
+    logging.info("%s", plan.table(device_bytes, config.device_memory))
+  if device_bytes:
+    memory.check_fits(plan, device_bytes)
+  if mesh is not None:
     pair = pairs.shard(pair, mesh)
     if writer:
       logging.info("sharding of the target:\n%s", sharding.describe(pair.target.params, mesh))

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from spectr_jax import engine, optimal, rounds
+from spectr_jax import engine, memory, optimal, rounds
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 
 V = 1024
@@ -31,12 +31,6 @@ def _compile(method, b, k, draft_len, n, width):
   return lowered.compile(), configs
 
 
-def _cache_bytes(config, k, r, s):
-  """Prefix and K tails of keys and values: 2 N (S + K R) Hk Dh bytes per row."""
-  width = config.num_kv_heads * config.head_dim * jnp.dtype(config.compute_dtype).itemsize
-  return 2 * config.num_layers * (s + k * r) * width
-
-
 @pytest.fixture(scope="module", params=SIZES, ids=[s[0] for s in SIZES])
 def program(request):
   return request.param, *_compile(*request.param)
@@ -53,13 +47,13 @@ def _plan_bytes(k):
 @pytest.mark.slow
 def test_peak_memory_per_row_matches_the_formula(program):
   (method, b, k, draft_len, n, width), compiled, configs = program
-  s, r = width + n + draft_len + 1, draft_len + 1
-  # docs/PERFORMANCE.md: both caches plus two K(L + 1) x V and two K L x V float32 arrays
-  # (target logits and q, the draft's p and the draft loop's carry of it); the block-level
-  # verifiers hold four more K(L + 1) x V (their per-position residuals).
-  arrays = 2 * (2 * draft_len + 1) + (4 * r if method in ("block", "gbv") else 0)
-  formula = sum(_cache_bytes(c, k, r, s) for c in configs) + arrays * k * V * 4
-  if method in ("optimal", "gbv"):  # plus one plan's workspace per row (plans run in turn)
+  s, one = width + n + draft_len + 1, memory.abstract_mesh(1, 1)
+  # docs/PERFORMANCE.md (spectr_jax.memory): both caches (a prefix of S and K tails of
+  # L + 1) plus two K(L + 1) x V and two K L x V float32 arrays; the block-level verifiers
+  # hold four more K(L + 1) x V.
+  formula = sum(memory.cache_bytes(c, 1, k, draft_len, s, one) for c in configs)
+  formula += memory.probability_bytes(method, k, draft_len, V)
+  if method in memory.PLAN_METHODS:  # plus one plan's workspace per row (plans run in turn)
     formula += _plan_bytes(k)
   measured = compiled.memory_analysis().temp_size_in_bytes / b
   assert 0.8 < measured / formula < 1.25, (measured, formula, measured / formula)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from configs import lm1b_spectr, rho_ablation
-from spectr_jax import engine, experiment, pairs, results
+from spectr_jax import engine, experiment, memory, pairs, results
 from spectr_jax.config import DecodeSettings, RhoAblationConfig, SweepConfig
 from spectr_jax.data import TokenizedSplit
 from spectr_jax.models import ModelBundle, get_model_config, init_params
@@ -295,6 +295,15 @@ def test_sweep_writes_one_line_per_cell_and_resumes(pair, tmp_path, monkeypatch)
   assert experiment.run_sweep(config, pair) and len(ran) == 1  # nothing left to run
 
 
+def test_sweep_that_does_not_fit_stops_before_decoding(pair, tmp_path, monkeypatch):
+  config = sweep_config(tmp_path, methods=("sd",), shard=False, device_memory="0.0001")
+  monkeypatch.setattr(experiment, "run_cell", lambda *a: pytest.fail("decoded"))
+  with pytest.raises(memory.DoesNotFitError, match="mesh_model > 1"):
+    experiment.run_sweep(config, pair)
+  plan = experiment.memory_plan(config, pair.draft.config, pair.target.config, None)
+  assert (plan.method, plan.num_drafts, plan.draft_len) == ("sd", 1, max(config.draft_lens))
+
+
 @pytest.mark.slow
 def test_sharded_sweep_matches_one_device(pair, tmp_path):
   config = sweep_config(tmp_path, methods=("sd",), seeds=(0,), batch_size=3)
@@ -353,6 +362,7 @@ def test_launch_tpu_pod_dry_run():
     "--tpu=my-pod",
     "--zone=us-central2-b",
     "--copy",
+    "--mesh-model=4",
     "--",
     "python",
     "-m",
@@ -367,10 +377,18 @@ def test_launch_tpu_pod_dry_run():
   assert all("--worker=all" in line and "--zone=us-central2-b" in line for line in lines)
   assert "scp" in lines[0] and "scripts/setup.sh" in lines[1] and "jax[tpu]" in lines[1]
   assert "python -m experiments.sweep --config configs/lm1b_spectr.py" in lines[-1]
+  assert lines[-1].endswith("--config.mesh_model=4'")  # appended to the command
   assert _script("launch_tpu_pod.sh", "--dry-run", "--", "true").returncode != 0  # no --tpu
+  bad = _script(
+    "launch_tpu_pod.sh", "--dry-run", "--tpu=p", "--zone=z", "--mesh-model=0", "--", "x"
+  )
+  assert bad.returncode == 2 and "--mesh-model" in bad.stderr
 
 
 def test_launch_gpu_host_dry_run():
   run = _script("launch_gpu_host.sh", "--dry-run", "--", "python", "-m", "experiments.sweep")
   assert run.returncode == 0, run.stderr
   assert "python -m experiments.sweep" in run.stdout
+  run = _script("launch_gpu_host.sh", "--dry-run", "--mesh-model=2", "--", "python", "-m", "x")
+  assert run.returncode == 0, run.stderr
+  assert "python -m x --config.mesh_model=2" in run.stdout

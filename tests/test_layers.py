@@ -30,6 +30,7 @@ ORDER = (
   "verify",
   "models",
   "data",
+  "memory",
   "rounds",
   "engine",
   "config",

@@ -1,0 +1,97 @@
+"""Prints a sweep's device-memory plan and parameter sharding without loading weights.
+
+  python scripts/memory_plan.py --config configs/pod_gemma2_9b_v5e8.py --devices=8
+  python scripts/memory_plan.py --config configs/lm1b_spectr.py:pair=qwen2.5 \\
+    --config.device_memory=a100-40gb
+
+The pair's model configs come from the training configs (embedded and trained pairs), or
+for a pretrained pair from each checkpoint directory's config.json when it is there, else
+from the published sizes of `configs.pretrained.PUBLISHED` (by the directory's name).
+The mesh is (devices / mesh_model, mesh_model) over `--devices` devices (default:
+mesh_model, one data group) with the sweep's `shard`; the plan is that of the sweep's
+largest cell (`experiment.memory_plan`). Exits with the `memory.check_fits` error when
+the plan exceeds the device memory (the config's `device_memory`, or what this host's
+first device reports).
+"""
+
+import json
+import pathlib
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from configs import pretrained  # noqa: E402
+from spectr_jax import config as config_lib  # noqa: E402
+from spectr_jax import experiment, memory, sharding  # noqa: E402
+from spectr_jax.models import ModelConfig, config_from_hf  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.")
+_DEVICES = flags.DEFINE_integer("devices", 0, "Devices of the mesh (0 = mesh_model).")
+
+
+def model_configs(config: config_lib.SweepConfig) -> tuple[ModelConfig, ModelConfig]:
+  """The (draft, target) model configs of the sweep's pair, without loading weights."""
+  pair = config.pair
+  if pair.kind != "pretrained":
+    found = pair.model_configs()
+    if len(found) != 2:
+      raise ValueError("the pair's training configs are missing (an incomplete 'trained' pair)")
+    return found[0], found[1]
+  configs = []
+  for workdir in pair.workdirs:
+    path = workdir / "config.json"
+    if path.is_file():
+      hf = json.loads(path.read_text())
+    elif workdir.name in pretrained.PUBLISHED:
+      hf = pretrained.PUBLISHED[workdir.name]
+    else:
+      raise ValueError(
+        f"no {path} and no published sizes for {workdir.name!r} (known: "
+        f"{', '.join(pretrained.PUBLISHED)})"
+      )
+    configs.append(config_from_hf(hf, pair.dtype or None, pair.max_len or None))
+  return configs[0], configs[1]
+
+
+def plan_text(config: config_lib.SweepConfig, devices: int = 0) -> tuple[memory.MemoryPlan, str]:
+  """The plan of the sweep's largest cell and a text of it and of both models' sharding.
+
+  Args:
+    config: the sweep.
+    devices: the devices of the mesh (0 = mesh_model).
+  """
+  model = config.mesh_model if config.shard else 1
+  devices = (devices or model) if config.shard else 1
+  if devices % model:
+    raise ValueError(f"mesh_model = {model} does not divide {devices} devices")
+  mesh = memory.abstract_mesh(devices // model, model)
+  draft, target = model_configs(config)
+  plan = experiment.memory_plan(config, draft, target, mesh)
+  device_bytes = memory.device_bytes(config.device_memory)
+  parts = [plan.table(device_bytes, config.device_memory)]
+  for role, model_config in (("draft", draft), ("target", target)):
+    shapes = memory.param_shapes(model_config)
+    parts.append(f"sharding of the {role}:\n" + sharding.describe(shapes, mesh))
+  return plan, "\n".join(parts)
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  config = config_lib.SweepConfig.from_dict(_CONFIG.value.to_dict())
+  plan, text = plan_text(config, _DEVICES.value)
+  print(text)
+  device_bytes = memory.device_bytes(config.device_memory)
+  if device_bytes:
+    try:
+      memory.check_fits(plan, device_bytes)
+    except memory.DoesNotFitError as error:
+      sys.exit(f"does not fit: {error}")
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main)
