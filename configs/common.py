@@ -88,7 +88,9 @@ def train_config(
   c.checkpoint_every = 100  # Steps between checkpoints.
   c.keep_checkpoints = 3  # Recent checkpoints kept.
   c.log_every = 20  # Steps between progress lines.
-  c.num_devices = 1  # Data-parallel devices (0 = all local devices).
+  c.num_devices = 1  # The mesh's "data" axis: rows split over it (0 = all devices left).
+  c.mesh_model = 1  # The mesh's "model" axis: weights split over it (sharding.RULES).
+  c.fsdp = False  # Also split parameters and optimizer state over "data".
   if small:
     c.model = model.split("-")[0] + "-test"
     c.model_overrides = {}

@@ -195,7 +195,12 @@ class TrainConfig:
     checkpoint_every: steps between checkpoints (and at the end).
     keep_checkpoints: how many recent checkpoints to keep (at least 2, see docs/RELIABILITY.md).
     log_every: steps between progress lines.
-    num_devices: data-parallel devices (0 = all local devices); the batch is split.
+    num_devices: the "data" axis size: batch rows are split over it (0 = all devices, of
+      every process, that `mesh_model` leaves).
+    mesh_model: the "model" axis size: weights are split over it by `sharding.RULES`
+      (heads, MLP width, vocabulary); the mesh takes the first `num_devices * mesh_model`
+      devices. A run may resume on another mesh (docs/RELIABILITY.md, "Training on a mesh").
+    fsdp: also split parameters and optimizer state over "data" (`sharding.FSDP_RULES`).
     distill: distillation against a frozen target (off by default; see `DistillConfig`).
   """
 
@@ -218,6 +223,8 @@ class TrainConfig:
   keep_checkpoints: int = 3
   log_every: int = 20
   num_devices: int = 1
+  mesh_model: int = 1
+  fsdp: bool = False
   distill: DistillConfig = DistillConfig()
 
   def __post_init__(self):

@@ -24,8 +24,8 @@ from spectr_jax.config import TrainConfig, saved_train_config
 from spectr_jax.data import Dataset, Tokenizer, load_dataset
 from spectr_jax.models import ModelBundle, init_params
 
-# Fields that change logging, evaluation or storage but not the trained parameters; a
-# resumed run may change them.
+# Fields that change logging, evaluation, storage or the device layout but not the trained
+# parameters (beyond the rounding of sums split over devices); a resumed run may change them.
 LOGISTICS_FIELDS = (
   "eval_every",
   "eval_rows",
@@ -33,6 +33,8 @@ LOGISTICS_FIELDS = (
   "keep_checkpoints",
   "log_every",
   "num_devices",
+  "mesh_model",
+  "fsdp",
 )
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_collections")
 
@@ -136,6 +138,9 @@ def is_finished(config: TrainConfig, workdir: str | pathlib.Path) -> bool:
 def load_bundle(workdir: str | pathlib.Path, step: int | None = None) -> ModelBundle:
   """Loads the parameters of a finished run (or of checkpoint `step`).
 
+  The parameters land on this process's first device, whatever mesh saved them (callers
+  that shard, such as `engine.generate(mesh=)`, place them from there).
+
   Args:
     workdir: the run's directory.
     step: which checkpoint; None means the final one (`num_steps`).
@@ -155,6 +160,10 @@ def load_bundle(workdir: str | pathlib.Path, step: int | None = None) -> ModelBu
     )
   model_config = config.model_config()
   abstract = jax.eval_shape(functools.partial(init_params, model_config), jax.random.key(0))
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract
+  )
   args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract))
   restored = _restore(manager, want, args)
   return ModelBundle(config=model_config, params=restored["params"])
@@ -191,6 +200,9 @@ def restore_latest(
   manager: ocp.CheckpointManager, abstract_params: Any, abstract_opt_state: Any
 ) -> tuple[int, Any, Any, dict[str, Any]] | None:
   """Restores the newest complete checkpoint: (step, params, opt_state, meta).
+
+  The arrays land on the shardings of the abstract values, whatever mesh saved them (a run
+  saved on a (4, 2) mesh resumes on (8, 1) or (2, 4)).
 
   A damaged checkpoint is skipped with a warning naming it, and the previous step is
   tried; once a complete one is found, the damaged newer ones are moved aside (to

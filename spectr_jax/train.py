@@ -24,7 +24,7 @@ from absl import logging
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from spectr_jax import distill, locks, runs
+from spectr_jax import distill, locks, runs, sharding
 from spectr_jax.config import TrainConfig
 from spectr_jax.data import BOS_ID, PAD_ID, Dataset, TrainBatches, heldout_rows, load_dataset
 from spectr_jax.models import ModelBundle, Transformer, count_params, init_params
@@ -135,17 +135,46 @@ def heldout_loss(bundle: ModelBundle, rows_ExT1: np.ndarray, batch_size: int) ->
 
 
 def _mesh(config: TrainConfig) -> Mesh:
-  devices = jax.local_devices()
-  count = config.num_devices or len(devices)
-  if count > len(devices) or config.batch_size % count:
+  """The run's ("data", "model") mesh: `num_devices` x `mesh_model` of all processes' devices."""
+  devices = jax.devices()
+  data = config.num_devices or len(devices) // config.mesh_model
+  if data * config.mesh_model > len(devices) or config.batch_size % data:
     raise ValueError(
-      f"num_devices={count} needs <= {len(devices)} devices and to divide "
-      f"batch_size={config.batch_size}"
+      f"num_devices={data} x mesh_model={config.mesh_model} needs <= {len(devices)} devices "
+      f"and num_devices to divide batch_size={config.batch_size}"
     )
   rows = config.distill.rows(config.batch_size) if config.distill.enabled else {}
-  if any(n % count for n in rows.values()):
-    raise ValueError(f"num_devices={count} must divide the rows of every distill source: {rows}")
-  return Mesh(np.array(devices[:count]), ("data",))
+  if any(n % data for n in rows.values()):
+    raise ValueError(f"num_devices={data} must divide the rows of every distill source: {rows}")
+  return sharding.make_mesh(data, config.mesh_model, devices[: data * config.mesh_model])
+
+
+def param_rules(config: TrainConfig) -> dict[str, str | None]:
+  """The logical-axis rules of the run's parameters: `sharding.FSDP_RULES` with
+  `config.fsdp`, else `sharding.RULES`."""
+  return dict(sharding.FSDP_RULES if config.fsdp else sharding.RULES)
+
+
+def state_shardings(
+  config: TrainConfig, optimizer: optax.GradientTransformation, mesh: Mesh
+) -> TrainState:
+  """The sharding of every leaf of the run's `TrainState` on `mesh`.
+
+  Parameters follow `param_rules(config)`; every copy of the parameter tree in the optimizer
+  state (AdamW's moments) is sharded like the parameters; the step and the other
+  optimizer leaves (counts) are replicated.
+  """
+  abstract = jax.eval_shape(lambda: _init_state(config, optimizer))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  params = sharding.param_shardings(abstract.params, mesh, param_rules(config))
+  opt_state = optax.tree_map_params(
+    optimizer,
+    lambda _, target: target,
+    abstract.opt_state,
+    params,
+    transform_non_params=lambda _: replicated,
+  )
+  return TrainState(step=replicated, params=params, opt_state=opt_state)
 
 
 class _Progress:
@@ -182,21 +211,28 @@ def _init_state(
 
 
 def _start_state(
-  config: TrainConfig, manager, optimizer, replicated: NamedSharding
+  config: TrainConfig, manager, optimizer, shardings: TrainState
 ) -> tuple[TrainState, int, dict[str, Any]]:
   """The state to train from: the newest checkpoint's, or a fresh one (from
-  `distill.init_workdir` when set), with its step and meta ({} when fresh)."""
+  `distill.init_workdir` when set), with its step and meta ({} when fresh).
+
+  The state lands on `shardings`, whatever mesh the checkpoint was saved from.
+  """
   abstract = jax.eval_shape(lambda: _init_state(config, optimizer))
   abstract = jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), abstract
+    lambda x, target: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=target),
+    abstract,
+    shardings,
   )
   restored = runs.restore_latest(manager, abstract.params, abstract.opt_state)
   if restored is None:
     params = distill.initial_params(config)
-    state = jax.jit(lambda p: _init_state(config, optimizer, p), out_shardings=replicated)(params)
+    if params is not None:
+      params = sharding.put(params, shardings.params)
+    state = jax.jit(lambda p: _init_state(config, optimizer, p), out_shardings=shardings)(params)
     return state, 0, {}
   start, params, opt_state, meta = restored
-  step = jax.device_put(jnp.asarray(start, jnp.int32), replicated)
+  step = sharding.put(np.int32(start), shardings.step)
   return TrainState(step=step, params=params, opt_state=opt_state), start, meta
 
 
@@ -242,22 +278,23 @@ def _train(config: TrainConfig, path: pathlib.Path, stop_at_step: int | None) ->
   model_config = config.model_config()
   mesh = _mesh(config)
   replicated = NamedSharding(mesh, PartitionSpec())
-  batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
+  batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.RULES["batch"]))
   model = Transformer(model_config)
   optimizer = make_optimizer(config)
+  shardings = state_shardings(config, optimizer, mesh)
   manager = runs.checkpoint_manager(path, config)
   target, target_id = None, None
   loss_fn = functools.partial(_lm_loss, model=model)
   tokens_per_step = config.batch_size * config.data.seq_len
   if config.distill.enabled:
     target = distill.load_target(config, dataset)
-    target = ModelBundle(target.config, jax.device_put(target.params, replicated))
+    target = ModelBundle(target.config, sharding.put(target.params, replicated))
     target_id = distill.fingerprint(target)
     loss_fn = functools.partial(
       distill.distill_loss, draft=model, target=target.model, config=config.distill
     )
     tokens_per_step = distill.positions_per_step(config)
-  state, start, meta = _start_state(config, manager, optimizer, replicated)
+  state, start, meta = _start_state(config, manager, optimizer, shardings)
   wall_time_s = meta.get("wall_time_s", 0.0)
   if start:
     logging.info("resuming %s from step %d", path, start)
@@ -274,9 +311,11 @@ def _train(config: TrainConfig, path: pathlib.Path, stop_at_step: int | None) ->
     _train_step,
     static_argnums=(3, 4),
     donate_argnums=0,
-    in_shardings=(replicated, batch_sharding, replicated),
-    out_shardings=(replicated, replicated),
+    in_shardings=(shardings, batch_sharding, replicated),
+    out_shardings=(shardings, replicated),
   )
+  if jax.process_index() == 0:
+    logging.info("sharding:\n%s", sharding.describe(state.params, mesh, param_rules(config)))
   logging.info(
     "training %s (%s, %d params) on %d tokens: steps %d..%d, %d tokens/step",
     path,
@@ -295,7 +334,7 @@ def _train(config: TrainConfig, path: pathlib.Path, stop_at_step: int | None) ->
     if target is not None:
       current = ModelBundle(model_config, state.params)
       rows = distill.step_rows(config, step, rows["corpus"], current, target)
-    rows = jax.device_put(rows, batch_sharding)
+    rows = sharding.put(rows, batch_sharding)
     state, loss = step_fn(
       state, rows, None if target is None else target.params, loss_fn, optimizer
     )

@@ -19,14 +19,9 @@ from configs import target as target_config
 from spectr_jax import analysis, data, evaluate, runs, train
 from spectr_jax.config import EvalConfig, TrainConfig
 from spectr_jax.models import ModelBundle, init_params
+from tests.training import small_config
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _test_config(module, cache_dir, **changes) -> TrainConfig:
-  config = TrainConfig.from_dict(module.get_config("test").to_dict())
-  config = dataclasses.replace(config, data=dataclasses.replace(config.data, cache_dir=cache_dir))
-  return dataclasses.replace(config, **changes)
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +32,14 @@ def cache_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def target_run(tmp_path_factory, cache_dir):
   """A finished 20-step run of the test target config."""
-  config = _test_config(target_config, cache_dir)
+  config = small_config(target_config, cache_dir)
   workdir = tmp_path_factory.mktemp("target")
   return config, workdir, train.train(config, workdir)
 
 
 @pytest.fixture(scope="module")
 def draft_run(tmp_path_factory, cache_dir):
-  config = _test_config(draft_config, cache_dir)
+  config = small_config(draft_config, cache_dir)
   workdir = tmp_path_factory.mktemp("draft")
   return config, workdir, train.train(config, workdir)
 
@@ -180,12 +175,12 @@ def test_no_complete_checkpoint_fails_clearly(target_run, tmp_path):
 
 
 def test_at_least_two_checkpoints_are_kept(cache_dir, tmp_path):
-  config = _test_config(target_config, cache_dir, keep_checkpoints=1)
+  config = small_config(target_config, cache_dir, keep_checkpoints=1)
   assert runs.checkpoint_manager(tmp_path, config)._options.max_to_keep == 2
 
 
 def test_model_too_short_for_rows(cache_dir, tmp_path):
-  config = _test_config(target_config, cache_dir)
+  config = small_config(target_config, cache_dir)
   config = dataclasses.replace(config, data=dataclasses.replace(config.data, seq_len=128))
   with pytest.raises(ValueError, match="exceeds max_len"):
     train.train(config, tmp_path)
@@ -242,7 +237,7 @@ def test_iid_block_efficiency():
 @pytest.mark.slow
 def test_killed_subprocess_resumes_to_the_uninterrupted_result(cache_dir, tmp_path):
   """Kills `experiments.train` after its first checkpoint, resumes, compares parameters."""
-  config = _test_config(target_config, cache_dir, num_steps=60, checkpoint_every=5)
+  config = small_config(target_config, cache_dir, num_steps=60, checkpoint_every=5)
   reference = train.train(config, tmp_path / "reference")
   command = [
     sys.executable,
