@@ -78,17 +78,39 @@ CACHE_AXES: Mapping[str, tuple[str, ...]] = {
 }
 
 
-def maybe_initialize_distributed() -> None:
+def maybe_initialize_distributed(
+  heartbeat_timeout_s: int = 30, shutdown_timeout_s: int = 120
+) -> None:
   """Calls `jax.distributed.initialize()` when this process is one of several.
 
   Multi-process runs are recognised by the variables that launchers set: a TPU pod's
   `TPU_WORKER_HOSTNAMES` listing several workers, or an explicit coordinator
-  (`JAX_COORDINATOR_ADDRESS` with `JAX_NUM_PROCESSES` > 1). Single-host runs do nothing.
+  (`JAX_COORDINATOR_ADDRESS` with `JAX_NUM_PROCESSES` > 1, and `JAX_PROCESS_ID` where no
+  cluster manager such as SLURM tells each process its index). Single-host runs do nothing.
+
+  The timeouts are shorter than JAX's defaults (100 s and 300 s): when one process dies
+  (killed, out of memory, a crashed host), the others fail at their next collective and
+  then wait at JAX's exit barrier until the dead one misses its heartbeats, so they exit
+  within about `heartbeat_timeout_s` instead of hanging (tests/test_multiprocess.py
+  measures it; docs/RELIABILITY.md).
+
+  Args:
+    heartbeat_timeout_s: a process that sends no heartbeat for this long is declared dead
+      (and the others stop with an error).
+    shutdown_timeout_s: how long a process that has finished waits at exit for the others
+      to finish too (a live but slower peer; a dead one ends the wait at its heartbeat
+      timeout).
   """
   workers = [w for w in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if w]
-  coordinated = int(os.environ.get("JAX_NUM_PROCESSES", "1")) > 1
-  if len(workers) > 1 or coordinated:
-    jax.distributed.initialize()
+  num_processes = int(os.environ.get("JAX_NUM_PROCESSES", "1"))
+  if len(workers) > 1 or num_processes > 1:
+    process_id = os.environ.get("JAX_PROCESS_ID")
+    jax.distributed.initialize(
+      num_processes=num_processes if num_processes > 1 else None,
+      process_id=None if process_id is None else int(process_id),
+      heartbeat_timeout_seconds=heartbeat_timeout_s,
+      shutdown_timeout_seconds=shutdown_timeout_s,
+    )
 
 
 def make_mesh(
