@@ -46,11 +46,20 @@ _GEMMA2 = dict(
   vocab_size=256000,
   max_position_embeddings=8192,
 )
-_QWEN2 = dict(model_type="qwen2", rope_theta=1e6, max_position_embeddings=32768)
-_GPT2 = dict(model_type="gpt2", n_positions=1024, vocab_size=50257)
+# Qwen2.5 names a window but switches it off (use_sliding_window false).
+_QWEN2 = dict(
+  model_type="qwen2",
+  rope_theta=1e6,
+  max_position_embeddings=32768,
+  sliding_window=32768,
+  use_sliding_window=False,
+)
+_GPT2 = dict(model_type="gpt2", n_positions=1024, n_ctx=1024, vocab_size=50257)
 # The published config.json sizes of the checkpoints above (public facts, enough for
 # `models.config_from_hf`): scripts/memory_plan.py plans a pair's memory from these when
 # its directories hold no config.json yet (nothing is read but config.json either way).
+# The one copy of these numbers: tests/hf_checkpoints.py builds HUB_SHAPES (random
+# checkpoints of the real sizes, checked against the hub's parameter counts) from them.
 PUBLISHED: dict[str, dict[str, Any]] = {
   "SmolLM2-135M": dict(
     model_type="llama",
@@ -63,6 +72,7 @@ PUBLISHED: dict[str, dict[str, Any]] = {
     vocab_size=49152,
     tie_word_embeddings=True,
     rope_theta=100000.0,
+    rope_scaling=None,
     max_position_embeddings=8192,
     torch_dtype="bfloat16",
   ),
@@ -77,6 +87,7 @@ PUBLISHED: dict[str, dict[str, Any]] = {
     vocab_size=49152,
     tie_word_embeddings=True,
     rope_theta=130000.0,
+    rope_scaling=None,
     max_position_embeddings=8192,
     torch_dtype="bfloat16",
   ),

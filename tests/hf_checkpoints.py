@@ -6,8 +6,9 @@
 (torch Linear weights (out, in); GPT-2 Conv1D weights (in, out) with the fused c_attn) and
 dtypes. `tiny_config` gives small configs in which every family detail changes the logits
 (soft-caps that clip, a sliding window shorter than a 12-token sequence, llama3 rope
-scaling with all three frequency regimes, ...). No project code is imported here: these
-files and `tests/hf_reference.py` are the independent side of the loader tests.
+scaling with all three frequency regimes, ...). Nothing of `spectr_jax` is imported here:
+these files and `tests/hf_reference.py` are the independent side of the loader tests (the
+published sizes of HUB_SHAPES come from the plain table `configs.pretrained.PUBLISHED`).
 """
 
 import copy
@@ -21,6 +22,8 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from configs import pretrained
 
 FAMILIES = ("llama", "qwen2", "gemma", "gemma2", "gpt2")
 
@@ -199,155 +202,42 @@ def tiny_config(family: str, **overrides) -> dict:
   return config
 
 
-def _llama3(factor: float) -> dict:
-  return {
-    "factor": factor,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-    "rope_type": "llama3",
-  }
-
-
-_GEMMA2 = {
-  "head_dim": 256,
-  "query_pre_attn_scalar": 256,
-  "sliding_window": 4096,
-  "attn_logit_softcapping": 50.0,
-  "final_logit_softcapping": 30.0,
-  "vocab_size": 256000,
+# The hub's parameter count of each checkpoint in configs.pretrained.PUBLISHED (keyed,
+# like it, by the checkpoint's directory name).
+_HUB_PARAMETERS = {
+  "SmolLM2-135M": 134_515_008,
+  "SmolLM2-1.7B": 1_711_376_384,
+  "Qwen2.5-0.5B": 494_032_768,
+  "Qwen2.5-7B": 7_615_616_512,
+  "Llama-3.2-1B": 1_235_814_400,
+  "Llama-3.1-8B": 8_030_261_248,
+  "gemma-2-2b": 2_614_341_888,
+  "gemma-2-9b": 9_241_705_984,
+  "gpt2": 124_439_808,
+  "gpt2-xl": 1_557_611_200,
 }
-_GPT2 = {"n_positions": 1024, "n_ctx": 1024, "vocab_size": 50257}
-_QWEN = {"rope_theta": 1e6, "sliding_window": 32768, "max_position_embeddings": 32768}
+# Keys of PUBLISHED that are no shape: model_type is the family, torch_dtype is what
+# write_checkpoint is told to store.
+_NOT_SHAPES = ("model_type", "torch_dtype")
 
-# The published shapes of the issue's example pairs: (family, config keys, parameter count
-# as the hub reports it). Random weights at real sizes for load and speed measurements.
-HUB_SHAPES: dict[str, tuple[str, dict, int]] = {
-  "SmolLM2-135M": (
-    "llama",
-    dict(
-      hidden_size=576,
-      intermediate_size=1536,
-      num_hidden_layers=30,
-      num_attention_heads=9,
-      num_key_value_heads=3,
-      head_dim=64,
-      vocab_size=49152,
-      tie_word_embeddings=True,
-      rope_theta=100000.0,
-      rope_scaling=None,
-      max_position_embeddings=8192,
-    ),
-    134_515_008,
-  ),
-  "SmolLM2-1.7B": (
-    "llama",
-    dict(
-      hidden_size=2048,
-      intermediate_size=8192,
-      num_hidden_layers=24,
-      num_attention_heads=32,
-      num_key_value_heads=32,
-      head_dim=64,
-      vocab_size=49152,
-      tie_word_embeddings=True,
-      rope_theta=130000.0,
-      rope_scaling=None,
-      max_position_embeddings=8192,
-    ),
-    1_711_376_384,
-  ),
-  "Qwen2.5-0.5B": (
-    "qwen2",
-    dict(
-      hidden_size=896,
-      intermediate_size=4864,
-      num_hidden_layers=24,
-      num_attention_heads=14,
-      num_key_value_heads=2,
-      vocab_size=151936,
-      tie_word_embeddings=True,
-      **_QWEN,
-    ),
-    494_032_768,
-  ),
-  "Qwen2.5-7B": (
-    "qwen2",
-    dict(
-      hidden_size=3584,
-      intermediate_size=18944,
-      num_hidden_layers=28,
-      num_attention_heads=28,
-      num_key_value_heads=4,
-      vocab_size=152064,
-      tie_word_embeddings=False,
-      **_QWEN,
-    ),
-    7_615_616_512,
-  ),
-  "Gemma-2-2B": (
-    "gemma2",
-    dict(
-      hidden_size=2304,
-      intermediate_size=9216,
-      num_hidden_layers=26,
-      num_attention_heads=8,
-      num_key_value_heads=4,
-      max_position_embeddings=8192,
-      **_GEMMA2,
-    ),
-    2_614_341_888,
-  ),
-  "Gemma-2-9B": (
-    "gemma2",
-    dict(
-      hidden_size=3584,
-      intermediate_size=14336,
-      num_hidden_layers=42,
-      num_attention_heads=16,
-      num_key_value_heads=8,
-      max_position_embeddings=8192,
-      **_GEMMA2,
-    ),
-    9_241_705_984,
-  ),
-  "Llama-3.2-1B": (
-    "llama",
-    dict(
-      hidden_size=2048,
-      intermediate_size=8192,
-      num_hidden_layers=16,
-      num_attention_heads=32,
-      num_key_value_heads=8,
-      head_dim=64,
-      vocab_size=128256,
-      tie_word_embeddings=True,
-      rope_theta=500000.0,
-      rope_scaling=_llama3(32.0),
-      max_position_embeddings=131072,
-    ),
-    1_235_814_400,
-  ),
-  "Llama-3.1-8B": (
-    "llama",
-    dict(
-      hidden_size=4096,
-      intermediate_size=14336,
-      num_hidden_layers=32,
-      num_attention_heads=32,
-      num_key_value_heads=8,
-      head_dim=128,
-      vocab_size=128256,
-      tie_word_embeddings=False,
-      rope_theta=500000.0,
-      rope_scaling=_llama3(8.0),
-      max_position_embeddings=131072,
-    ),
-    8_030_261_248,
-  ),
-  "GPT-2": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, **_GPT2), 124_439_808),
-  "GPT-2-XL": ("gpt2", dict(n_embd=1600, n_layer=48, n_head=25, **_GPT2), 1_557_611_200),
-}
+
+def _hub_shapes() -> dict[str, tuple[str, dict, int]]:
+  published = pretrained.PUBLISHED
+  if set(published) != set(_HUB_PARAMETERS):
+    raise ValueError(
+      f"parameter counts for {sorted(_HUB_PARAMETERS)}, PUBLISHED has {sorted(published)}"
+    )
+  shapes = {}
+  for name, hf in published.items():
+    keys = {k: copy.deepcopy(v) for k, v in hf.items() if k not in _NOT_SHAPES}
+    shapes[name] = (hf["model_type"], keys, _HUB_PARAMETERS[name])
+  return shapes
+
+
+# The published shapes of the example pairs (configs.pretrained.PUBLISHED, by directory
+# name): (family, config keys, parameter count as the hub reports it). Random weights at
+# real sizes for load and speed measurements.
+HUB_SHAPES: dict[str, tuple[str, dict, int]] = _hub_shapes()
 
 
 def hub_config(name: str, **overrides) -> tuple[str, dict]:
@@ -358,7 +248,7 @@ def hub_config(name: str, **overrides) -> tuple[str, dict]:
   checkpoint of the real size.
 
   Args:
-    name: e.g. "Llama-3.2-1B".
+    name: e.g. "Llama-3.2-1B" or "gemma-2-2b".
     **overrides: config keys to set after the model's (e.g. num_hidden_layers=2).
   Returns:
     (family, config dict).

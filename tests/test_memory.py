@@ -104,10 +104,9 @@ def test_device_bytes_by_name_number_or_device():
 
 
 def test_published_sizes_match_the_hub_parameter_counts():
-  counts = {name.lower(): count for name, (_, _, count) in hf_checkpoints.HUB_SHAPES.items()}
-  counts.update(gpt2=counts.pop("gpt-2"), **{"gpt2-xl": counts.pop("gpt-2-xl")})
+  assert set(hf_checkpoints.HUB_SHAPES) == set(pretrained.PUBLISHED)
   for name, hf in pretrained.PUBLISHED.items():
-    assert expected_num_params(config_from_hf(hf)) == counts[name.lower()], name
+    assert expected_num_params(config_from_hf(hf)) == hf_checkpoints.HUB_SHAPES[name][2], name
   for draft, target, *_ in pretrained.PAIRS.values():
     assert {draft, target} <= set(pretrained.PUBLISHED) or draft == "draft"
 

@@ -212,7 +212,7 @@ def test_max_len_is_the_cache_capacity():
   assert config_from_hf(qwen2).max_len == 64
   assert config_from_hf(qwen2, max_len=20).max_len == 20
   assert config_from_hf(qwen2, max_len=128).max_len == 128  # RoPE extrapolates
-  assert config_from_hf(hf_checkpoints.hub_config("GPT-2")[1]).max_len == 1024
+  assert config_from_hf(hf_checkpoints.hub_config("gpt2")[1]).max_len == 1024
   with pytest.raises(CheckpointFormatError, match="max_len 65 exceeds GPT-2's n_positions = 64"):
     config_from_hf(hf_checkpoints.tiny_config("gpt2"), max_len=65)  # n_positions 64
 
