@@ -279,7 +279,7 @@ def run_sweep(
 
   Args:
     config: the sweep.
-    pair: the models (default: `pairs.load_pair(config.pair)`).
+    pair: the models (default: `pairs.load_pair(config.pair)`, onto the sweep's mesh).
     provenance_config: what to record as the run's config (default: `config`).
     wait: wait for another run holding the results folder instead of raising.
 
@@ -295,7 +295,8 @@ def run_sweep(
 def _run_sweep(config, pair, provenance_config, writer):
   if config.compilation_cache:
     sharding.enable_compilation_cache(resolve(config.compilation_cache))
-  pair = pair or pairs.load_pair(config.pair)
+  mesh = sharding.make_mesh(model=config.mesh_model) if config.shard else None
+  pair = pair or pairs.load_pair(config.pair, mesh)
   cells = expand(config, pair.fingerprint)
   results_dir = config.results_path
   done = results.load_results(results_dir)
@@ -317,7 +318,6 @@ def _run_sweep(config, pair, provenance_config, writer):
     record = runs.provenance(described)
     record.update(run=run_id, pair=dict(pair.description, fingerprint=pair.fingerprint))
     results.append_record(results_dir / results.PROVENANCE_FILE, record)
-  mesh = sharding.make_mesh(model=config.mesh_model) if config.shard else None
   params = {"draft": pair.draft.params, "target": pair.target.params}
   plan = memory_plan(config, pair.draft.config, pair.target.config, mesh, params)
   device_bytes = memory.device_bytes(config.device_memory)

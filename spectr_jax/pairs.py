@@ -72,7 +72,8 @@ def make_pair(
 ) -> Pair:
   """Builds a `Pair`, fingerprinting the parameters and the held-out text."""
   digest = hashlib.sha256()
-  for leaf in (*jax.tree.leaves((draft.params, target.params)), heldout.tokens, heldout.offsets):
+  params = sharding.fetch(jax.tree.leaves((draft.params, target.params)))
+  for leaf in (*params, heldout.tokens, heldout.offsets):
     digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
   description = dict(
     description, draft_params=count_params(draft.params), target_params=count_params(target.params)
@@ -94,11 +95,13 @@ def _missing(
   )
 
 
-def _embedded_model(config: PairConfig, role: str, workdir: pathlib.Path) -> ModelBundle:
+def _embedded_model(
+  config: PairConfig, role: str, workdir: pathlib.Path, mesh: jax.sharding.Mesh | None = None
+) -> ModelBundle:
   """The final checkpoint of `role`'s training config, trained first when asked to."""
   train_config = getattr(config, role)
   if runs.is_finished(train_config, workdir):
-    return runs.load_bundle(workdir)
+    return runs.load_bundle(workdir, mesh=mesh)
   if not config.train_missing:
     step = runs.latest_step(workdir)
     found = "no checkpoint" if step is None else f"the newest checkpoint is step {step}"
@@ -107,24 +110,29 @@ def _embedded_model(config: PairConfig, role: str, workdir: pathlib.Path) -> Mod
   return train.train(train_config, workdir)
 
 
-def _embedded_pair(config: PairConfig, dirs: dict[str, pathlib.Path]) -> dict[str, ModelBundle]:
+def _embedded_pair(
+  config: PairConfig, dirs: dict[str, pathlib.Path], mesh: jax.sharding.Mesh | None
+) -> dict[str, ModelBundle]:
   """The target first, then the plain draft a distilled draft starts from, then the draft
   (a distillation needs both)."""
-  target = _embedded_model(config, "target", dirs["target"])
+  target = _embedded_model(config, "target", dirs["target"], mesh)
   if config.draft_base is not None:
     _embedded_model(config, "draft_base", resolve(config.draft.distill.init_workdir))
-  return {"draft": _embedded_model(config, "draft", dirs["draft"]), "target": target}
+  return {"draft": _embedded_model(config, "draft", dirs["draft"], mesh), "target": target}
 
 
-def _trained_model(role: str, workdir: pathlib.Path) -> ModelBundle:
+def _trained_model(
+  role: str, workdir: pathlib.Path, mesh: jax.sharding.Mesh | None = None
+) -> ModelBundle:
   try:
-    return runs.load_bundle(workdir)
+    return runs.load_bundle(workdir, mesh=mesh)
   except runs.CheckpointError as error:
     raise _missing(role, None, workdir, str(error)) from error
 
 
-def load_pair(config: PairConfig) -> Pair:
-  """Loads the pair that `config` describes (see `config.PairConfig`).
+def load_pair(config: PairConfig, mesh: jax.sharding.Mesh | None = None) -> Pair:
+  """Loads the pair that `config` describes (see `config.PairConfig`), onto `mesh` by
+  `sharding.RULES` when given (each tensor placed as it is read; see `shard`).
 
   Raises:
     MissingPairError: a model is missing and `config.train_missing` is False.
@@ -132,12 +140,12 @@ def load_pair(config: PairConfig) -> Pair:
       named) or a checkpoint directory is malformed.
   """
   if config.kind == "pretrained":
-    return _pretrained_pair(config)
+    return _pretrained_pair(config, mesh)
   dirs = dict(zip(("draft", "target"), config.workdirs, strict=True))
   if config.kind == "embedded":
-    models = _embedded_pair(config, dirs)
+    models = _embedded_pair(config, dirs, mesh)
   else:
-    models = {role: _trained_model(role, path) for role, path in dirs.items()}
+    models = {role: _trained_model(role, path, mesh) for role, path in dirs.items()}
   if (
     runs.load_tokenizer(dirs["draft"]).model_proto
     != runs.load_tokenizer(dirs["target"]).model_proto
@@ -156,14 +164,17 @@ def load_pair(config: PairConfig) -> Pair:
   )
 
 
-def load_model(directory: str | pathlib.Path, dtype: str | None = None) -> ModelBundle:
+def load_model(
+  directory: str | pathlib.Path, dtype: str | None = None, mesh: jax.sharding.Mesh | None = None
+) -> ModelBundle:
   """One model from a directory: a Hugging Face checkpoint (its config.json names a
-  model_type; loaded in `dtype`, None = as stored) or a training run of this project."""
+  model_type; loaded in `dtype`, None = as stored) or a training run of this project,
+  on `mesh` by `sharding.RULES` when given."""
   path = pathlib.Path(directory).expanduser()
   config = path / "config.json"
   if config.is_file() and "model_type" in json.loads(config.read_text()):
-    return load_pretrained(path, dtype=dtype)
-  return runs.load_bundle(path)
+    return load_pretrained(path, dtype=dtype, mesh=mesh)
+  return runs.load_bundle(path, mesh=mesh)
 
 
 def _dropped_mass(bundle: ModelBundle, prompts: Prompts) -> float:
@@ -189,7 +200,7 @@ def restrict(bundle: ModelBundle, num_tokens: int) -> ModelBundle:
   return ModelBundle(dataclasses.replace(bundle.config, output_vocab_size=output), bundle.params)
 
 
-def _pretrained_pair(config: PairConfig) -> Pair:
+def _pretrained_pair(config: PairConfig, mesh: jax.sharding.Mesh | None) -> Pair:
   """Two checkpoint directories with one tokenizer; held-out text from `config.text`."""
   dirs = dict(zip(("draft", "target"), config.workdirs, strict=True))
   tokenizers = {role: HFTokenizer.load(path) for role, path in dirs.items()}
@@ -203,7 +214,9 @@ def _pretrained_pair(config: PairConfig) -> Pair:
   dtype = config.dtype or None
   max_len = config.max_len or None
   models = {
-    role: restrict(load_pretrained(path, dtype=dtype, max_len=max_len), tokenizer.vocab_size)
+    role: restrict(
+      load_pretrained(path, dtype=dtype, max_len=max_len, mesh=mesh), tokenizer.vocab_size
+    )
     for role, path in dirs.items()
   }
   text = read_source(DataConfig(source=config.text, path=config.text_path))

@@ -20,6 +20,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from spectr_jax import sharding
 from spectr_jax.config import TrainConfig, saved_train_config
 from spectr_jax.data import Dataset, Tokenizer, load_dataset
 from spectr_jax.models import ModelBundle, init_params
@@ -135,15 +136,18 @@ def is_finished(config: TrainConfig, workdir: str | pathlib.Path) -> bool:
   return latest_step(workdir) == config.num_steps
 
 
-def load_bundle(workdir: str | pathlib.Path, step: int | None = None) -> ModelBundle:
+def load_bundle(
+  workdir: str | pathlib.Path, step: int | None = None, mesh: jax.sharding.Mesh | None = None
+) -> ModelBundle:
   """Loads the parameters of a finished run (or of checkpoint `step`).
 
-  The parameters land on this process's first device, whatever mesh saved them (callers
-  that shard, such as `engine.generate(mesh=)`, place them from there).
+  The parameters land on `mesh` by `sharding.RULES`, or without one on this process's
+  first device, whatever mesh saved them.
 
   Args:
     workdir: the run's directory.
     step: which checkpoint; None means the final one (`num_steps`).
+    mesh: where to place the parameters (each device reads only its shards).
 
   Returns:
     The model config and parameters.
@@ -160,9 +164,13 @@ def load_bundle(workdir: str | pathlib.Path, step: int | None = None) -> ModelBu
     )
   model_config = config.model_config()
   abstract = jax.eval_shape(functools.partial(init_params, model_config), jax.random.key(0))
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  if mesh is None:
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    placements = jax.tree.map(lambda _: device, abstract)
+  else:
+    placements = sharding.param_shardings(abstract, mesh)
   abstract = jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract
+    lambda x, where: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where), abstract, placements
   )
   args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract))
   restored = _restore(manager, want, args)

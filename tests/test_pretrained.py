@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from spectr_jax import sharding
 from spectr_jax.models import (
   CheckpointFormatError,
   ModelBundle,
@@ -190,6 +191,20 @@ def test_sharded_checkpoint_with_buffers_loads_the_same_params():
   sharded = load_pretrained(directory)
   single, _ = _loaded("llama")
   jax.tree.map(np.testing.assert_array_equal, sharded.params, single.params)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_loading_onto_a_mesh_places_each_tensor_by_the_rules(family):
+  """With a mesh every tensor lands on its rule's sharding as it is read, values equal."""
+  mesh = sharding.make_mesh(4, 2)
+  directory = _mkdtemp()
+  hf_checkpoints.write_checkpoint(directory, family, tokenizer=False)
+  placed = load_pretrained(directory, mesh=mesh)
+  single = load_pretrained(directory)
+  want = sharding.param_shardings(single.params, mesh)
+  jax.tree.map(lambda x, s: np.testing.assert_equal(x.sharding, s), placed.params, want)
+  jax.tree.map(np.testing.assert_array_equal, placed.params, single.params)
+  assert any(not x.sharding.is_fully_replicated for x in jax.tree.leaves(placed.params))
 
 
 def test_gpt2_prefix_buffers_and_redundant_head_are_accepted():

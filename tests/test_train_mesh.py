@@ -135,7 +135,9 @@ def test_a_4x2_checkpoint_restores_bit_identical_on_another_mesh(
   _assert_on(restored.params, _expected_shardings(config, _mesh(*mesh)).params)
   loaded = runs.load_bundle(workdir, step=3)  # onto one device, whatever mesh saved it
   assert all(len(x.devices()) == 1 for x in jax.tree.leaves(loaded.params))
-  for params in (restored.params, loaded.params):
+  on_mesh = runs.load_bundle(workdir, step=3, mesh=_mesh(*mesh))  # by the decoding rules
+  _assert_on(on_mesh.params, sharding.param_shardings(on_mesh.params, _mesh(*mesh)))
+  for params in (restored.params, loaded.params, on_mesh.params):
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(saved.params), strict=True):
       assert np.array_equal(np.asarray(x), np.asarray(y))
 

@@ -22,8 +22,10 @@ import jax
 import ml_dtypes
 import numpy as np
 from flax import traverse_util
+from jax.sharding import NamedSharding
 from safetensors import safe_open
 
+from spectr_jax import sharding
 from spectr_jax.models.bundle import ModelBundle
 from spectr_jax.models.config import ModelConfig, RopeScaling
 
@@ -407,7 +409,10 @@ def _match(
 
 
 def load_pretrained(
-  directory: str | pathlib.Path, dtype: Any = None, max_len: int | None = None
+  directory: str | pathlib.Path,
+  dtype: Any = None,
+  max_len: int | None = None,
+  mesh: jax.sharding.Mesh | None = None,
 ) -> ModelBundle:
   """Loads a Hugging Face-format checkpoint directory into the project's decoder.
 
@@ -417,10 +422,12 @@ def load_pretrained(
     dtype: the parameter and compute dtype ("float32", "bfloat16", "float16"); None = the
       checkpoint's torch_dtype. Logits are float32 in every case.
     max_len: S, the KV-cache capacity; None = min(max_position_embeddings, DEFAULT_MAX_LEN).
+    mesh: place each tensor on this mesh by `sharding.RULES` as it is read (a target
+      larger than one device's memory never sits on one device); None = the default
+      device.
 
   Returns:
-    The `ModelBundle`: the config (logits over all embedding rows) and the parameters,
-    placed on the default device.
+    The `ModelBundle`: the config (logits over all embedding rows) and the parameters.
 
   Raises:
     FileNotFoundError: config.json or a weights file is missing.
@@ -453,6 +460,11 @@ def load_pretrained(
     with safe_open(files[name], framework="numpy") as f:
       stored_array = f.get_tensor(name)
     for param_path, value in t.convert(stored_array).items():
-      flat[param_path] = jax.device_put(np.asarray(value, np_dtype))
+      value = np.asarray(value, np_dtype)
+      if mesh is None:
+        flat[param_path] = jax.device_put(value)
+      else:
+        spec = sharding.logical_spec(sharding.param_axes(param_path), value.shape, mesh)
+        flat[param_path] = sharding.put(value, NamedSharding(mesh, spec))
     del stored_array
   return ModelBundle(config=config, params=traverse_util.unflatten_dict(flat))
