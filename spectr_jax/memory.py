@@ -269,7 +269,7 @@ def device_bytes(memory: str = "") -> int | None:
 
   Args:
     memory: a key of `DEVICE_MEMORY` (e.g. "tpu-v5e"), a number of GiB (e.g. "16"), or
-      "" for what the first device reports (`memory_stats()["bytes_limit"]`).
+      "" for what this process's first device reports (`memory_stats()["bytes_limit"]`).
 
   Returns:
     The bytes, or None when `memory` is "" and the device reports none (e.g. a CPU).
@@ -287,7 +287,8 @@ def device_bytes(memory: str = "") -> int | None:
         f"got {memory!r}"
       )
     return int(gib * GIB)
-  stats = jax.devices()[0].memory_stats() or {}
+  # This process's device: memory_stats() of another process's device is an error.
+  stats = jax.local_devices()[0].memory_stats() or {}
   return stats.get("bytes_limit")
 
 

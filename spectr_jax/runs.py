@@ -110,11 +110,21 @@ def check_config(config: TrainConfig, workdir: str | pathlib.Path) -> None:
 
 
 def write_run_files(workdir: str | pathlib.Path, config: TrainConfig, tokenizer: Tokenizer) -> None:
-  """Creates `workdir` and writes the run's config.json and tokenizer.model."""
+  """Creates `workdir` and writes the run's config.json and tokenizer.model.
+
+  In a multi-process run only process 0 writes (the others return), and each file is
+  written aside and renamed: processes writing one file at once could otherwise fail
+  (the loser's rename of the shared temporary file finds it gone) or let a process
+  checking the config (`check_config`) read a half-written config.json.
+  """
+  if jax.process_index() != 0:
+    return
   path = workdir_path(workdir)
   path.mkdir(parents=True, exist_ok=True)
-  (path / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-  tokenizer.save(path / "tokenizer.model")
+  tmp = path / "config.json.tmp"
+  tmp.write_text(json.dumps(config.to_dict(), indent=2))
+  tmp.replace(path / "config.json")
+  tokenizer.save(path / "tokenizer.model")  # written aside and renamed
 
 
 def load_tokenizer(workdir: str | pathlib.Path) -> Tokenizer:

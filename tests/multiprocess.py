@@ -7,8 +7,8 @@ the environment that `sharding.maybe_initialize_distributed` reads (JAX_COORDINA
 JAX_NUM_PROCESSES, JAX_PROCESS_ID). Cross-process CPU collectives go over gloo.
 
 It waits for all processes (killing every one still running at the timeout) and returns
-each one's exit code, output and end time. New checks (e.g. training over the processes)
-are functions added to the worker's `CHECKS`; the harness needs no change.
+each one's exit code, output and end time. New checks are functions added to the worker's
+`CHECKS`; the harness needs no change.
 """
 
 import contextlib

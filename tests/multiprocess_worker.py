@@ -13,9 +13,11 @@ the test to compare:
             in DIR/results; the keys of the cells this process ran, one a line, in
             DIR/sweep-<process>.txt. With --kill-at-cell N the last process SIGKILLs
             itself as its N-th cell (from 0) starts, once all processes are there.
+  train     6 steps of `train_config` on the mesh (4, 2), in the workdir DIR/train shared
+            by the processes (each with its own data cache, DIR/data-<process>); the
+            final parameters, fetched from both processes, in DIR/train-0.npz (process 0).
 
-A new check (e.g. training over the processes) is a function of the parsed arguments
-added to `CHECKS`.
+A new check is a function of the parsed arguments added to `CHECKS`.
 """
 
 import argparse
@@ -28,9 +30,12 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from spectr_jax import engine, experiment, sharding
+from configs import target as target_config
+from spectr_jax import engine, experiment, sharding, train
+from spectr_jax.config import TrainConfig
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 from tests.test_experiment import random_pair, sweep_config
+from tests.training import small_config
 
 V = 16
 MESHES = ((8, 1), (4, 2))  # (data, model) over 8 devices
@@ -109,7 +114,39 @@ def check_sweep(args):
     experiment.run_cell = run_cell
 
 
-CHECKS = {"generate": check_generate, "sweep": check_sweep}
+def train_config(cache_dir) -> TrainConfig:
+  """6 steps of the test target config on the mesh (data 4, model 2), evaluated at the end."""
+  return small_config(
+    target_config,
+    str(cache_dir),
+    num_devices=4,
+    mesh_model=2,
+    num_steps=6,
+    checkpoint_every=3,
+    eval_every=100,
+  )
+
+
+def flat_params(params) -> dict[str, np.ndarray]:
+  """The leaves of a parameter tree as numpy arrays, by their "/"-joined paths."""
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  return {jax.tree_util.keystr(k, simple=True, separator="/"): np.asarray(x) for k, x in leaves}
+
+
+def check_train(args):
+  """Trains `train_config` over the processes; process 0 saves the final parameters.
+
+  Each process caches the data on its own (DIR/data-<process>): `load_dataset` writes its
+  cache without a lock, so two processes preparing one cache at once could race.
+  """
+  config = train_config(args.out / f"data-{jax.process_index()}")
+  bundle = train.train(config, args.out / "train")
+  params = flat_params(sharding.fetch(bundle.params))  # the arrays span both processes
+  if jax.process_index() == 0:
+    np.savez(args.out / "train-0.npz", **params)
+
+
+CHECKS = {"generate": check_generate, "sweep": check_sweep, "train": check_train}
 
 
 def main():
