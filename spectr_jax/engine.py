@@ -263,6 +263,10 @@ def _prepare(
     num_drafts, draft_len = 1, 0
   _check_inputs(draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
                 max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids)  # fmt: skip
+  if mesh is not None and DATA_AXIS not in mesh.axis_names:
+    raise ValueError(
+      f"the mesh needs a {DATA_AXIS!r} axis (sharding.make_mesh), got axes {mesh.axis_names}"
+    )
   rho_mode, rho_value = acceptance.split_rho(rho)
   spec = DecodeSpec(
     method=method,

@@ -231,6 +231,12 @@ def test_model_sharded_decoding_agrees_with_one_device(pair, shape, capsys):
   assert agree >= 0.95
 
 
+def test_a_mesh_without_a_data_axis_is_refused(pair):
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("rows",))
+  with pytest.raises(ValueError, match="needs a 'data' axis"):
+    _decode(pair, "kseq", mesh)
+
+
 def test_replicated_inputs_are_placed_once(pair):
   mesh = _mesh(4, 2)
   placed = sharding.shard_params(pair[1].params, mesh)
