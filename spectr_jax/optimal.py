@@ -318,54 +318,82 @@ def _slope(rise, a, b, flat):
   return jnp.where(dq > 0, dh / jnp.where(dq > 0, dq, 1.0), flat)
 
 
-def _levels(nodes_M, is_node_M, a_M, b_M, mass, rise):
+def _levels(nodes_M, is_node_M, a_M, b_M, sums: _Sums, totals_3):
   """Kinetic levels of the candidate breakpoints `nodes_M` (sorted by index).
 
-  `mass(i, j)` and `rise(i, j)` give P_j - P_i, Q_j - Q_i and Q_j - Q_i, h_j - h_i from
-  the `_Sums`; each real candidate j lies strictly inside its block (a_j, b_j), where
-  y = h_a + c (Q - Q_a). j stays a vertex of the upper hull of the points (P, y - U h) of
-  its block's candidates and ends exactly while U < level_j (OPTIMAL.md), and it is a
-  vertex iff every slope into it from the left exceeds every slope out of it to the
-  right (no chord passes above it). Each slope (c Q_ij - U h_ij) / P_ij comes from local
-  masses, so the test is accurate; the levels are found by bisection on U, all candidates at once
-  (O(M^2) per step, to the float precision of the dtype), instead of M sequential removals.
+  `sums` holds the `_Sums` of the columns (p, q, h increments) and `totals_3` their
+  totals, so that P_j - P_i, Q_j - Q_i and h_j - h_i are local differences of them; each
+  real candidate j lies strictly inside its block (a_j, b_j), where y = h_a + c (Q - Q_a).
+  j stays a vertex of the upper hull of the points (P, y - U h) of its block's candidates
+  and ends exactly while U < level_j (OPTIMAL.md), and it is a vertex iff every slope into
+  it from the left exceeds every slope out of it to the right (no chord passes above it).
+  Each slope (c Q_ij - U h_ij) / P_ij comes from local masses, so the test is accurate.
+  The levels are found for all candidates at once (O(M^2) per step) instead of by M
+  sequential removals: the gap g(U) = (least slope into j) - (greatest slope out of j) is
+  concave and piecewise linear in U, positive while j is a vertex, so Newton steps from
+  U = 1 along a supergradient decrease monotonically to its root (each step lands on
+  the root of the current pair of lines, never below the true one) and reach it in a few
+  steps (5-8 on the embedded pair; at most nmant + 1, as many as a bisection would
+  take). Where g(1) > 0 the level is 1; where g <= 0 throughout it is 0. The sums are read at
+  the candidates and their blocks' ends only (O(M)), and the M x (M + 1) differences
+  formed from those by broadcasting (gathers of M x (M + 1) indices cost more on CPU).
   """
   num = nodes_M.shape[0]
   idx = jnp.arange(num)
-  c_M = _slope(rise, a_M, b_M, 0.0)
+  c_M = _slope(_rise(sums, totals_3), a_M, b_M, 0.0)
   same = (a_M[None, :] == a_M[:, None]) & is_node_M[None, :]
   ones = jnp.ones((num, 1), bool)
-  j_MxM1 = jnp.broadcast_to(nodes_M[:, None], (num, num + 1))
-  others = jnp.broadcast_to(nodes_M[None, :], (num, num))
   left_ok = jnp.concatenate([same & (idx[None, :] < idx[:, None]), ones], axis=1)
   right_ok = jnp.concatenate([same & (idx[None, :] > idx[:, None]), ones], axis=1)
-  left_x = jnp.where(left_ok, jnp.concatenate([others, a_M[:, None]], axis=1), j_MxM1)
-  right_x = jnp.where(right_ok, jnp.concatenate([others, b_M[:, None]], axis=1), j_MxM1)
+  # The sums at each candidate j (rows) and at the other end x of each slope (columns: the
+  # other candidates, then the block's start or end).
+  at_j = [x[nodes_M][:, None] for x in sums]
 
-  def slopes(x, y):
-    """(c Q_xy / P_xy, h_xy / P_xy) for breakpoints x <= y (zeros where P_xy = 0)."""
-    (p_xy, _), (q_xy, h_xy) = mass(x, y), rise(x, y)
+  def ends(block_M):
+    return [
+      jnp.concatenate(
+        [jnp.broadcast_to(x[nodes_M][None], (num, *x[nodes_M].shape)), x[block_M][:, None]], 1
+      )
+      for x in sums
+    ]
+
+  def slopes(lo, hi):
+    """(c Q / P, h / P) over the slots (lo, hi] (zeros where P = 0 or lo >= hi)."""
+    (grid_lo, rest_lo), (grid_hi, rest_hi) = lo, hi
+    p_xy, q_xy, h_xy = jnp.moveaxis(
+      _Sums._value(grid_hi - grid_lo, rest_hi - rest_lo) / totals_3, -1, 0
+    )
     scale = jnp.where(p_xy > 0, 1.0 / jnp.where(p_xy > 0, p_xy, 1.0), 0.0)
     return c_M[:, None] * q_xy * scale, h_xy * scale
 
-  a_left, b_left = slopes(left_x, j_MxM1)
-  a_right, b_right = slopes(j_MxM1, right_x)
+  a_left, b_left = slopes(ends(a_M), at_j)
+  a_right, b_right = slopes(at_j, ends(b_M))
 
-  def on_hull(u_M):
-    into = jnp.min(jnp.where(left_ok, a_left - u_M[:, None] * b_left, jnp.inf), axis=1)
-    out = jnp.max(jnp.where(right_ok, a_right - u_M[:, None] * b_right, -jnp.inf), axis=1)
-    return into > out
+  def gap(u_M):
+    """g(u) = into(u) - out(u), concave in u (a minimum of lines minus a maximum of
+    lines), and a supergradient of it: the slopes of the lines that attain them."""
+    into_MxM1 = jnp.where(left_ok, a_left - u_M[:, None] * b_left, jnp.inf)
+    out_MxM1 = jnp.where(right_ok, a_right - u_M[:, None] * b_right, -jnp.inf)
+    into, out = jnp.min(into_MxM1, axis=1), jnp.max(out_MxM1, axis=1)
+    b_in = jnp.max(jnp.where(into_MxM1 == into[:, None], b_left, -jnp.inf), axis=1)
+    b_out = jnp.min(jnp.where(out_MxM1 == out[:, None], b_right, jnp.inf), axis=1)
+    return into - out, b_out - b_in
 
-  def bisect(_, bounds):
-    lo, hi = bounds
-    mid = 0.5 * (lo + hi)
-    on = on_hull(mid)
-    return jnp.where(on, mid, lo), jnp.where(on, hi, mid)
+  def newton(carry):
+    u, done, step = carry
+    g, slope = gap(u)
+    below = jnp.clip(u - g / jnp.where(slope < 0, slope, -1.0), 0.0, u)
+    below = jnp.where(slope < 0, below, 0.0)
+    done = done | (g > 0) | (below >= u)
+    return jnp.where(done, u, below), done, step + 1
 
-  zeros = jnp.zeros((num,), c_M.dtype)
-  steps = jnp.finfo(c_M.dtype).nmant + 1
-  lo, hi = lax.fori_loop(0, steps, bisect, (zeros, zeros + 1.0))
-  return jnp.where(is_node_M, jnp.where(hi == 1.0, 1.0, lo), 0.0)
+  max_steps = jnp.finfo(c_M.dtype).nmant + 1
+  u, _, _ = lax.while_loop(
+    lambda c: ~jnp.all(c[1]) & (c[2] < max_steps),
+    newton,
+    (jnp.ones((num,), c_M.dtype), ~is_node_M, 0),
+  )
+  return jnp.where(is_node_M, u, 0.0)
 
 
 def _rate_diff(nodes_M, is_node_M, a_M, b_M, level_M, h2, size: int):
@@ -400,13 +428,30 @@ def _rate_diff(nodes_M, is_node_M, a_M, b_M, level_M, h2, size: int):
   return jnp.zeros((size,), add.dtype).at[at].add(add)
 
 
-def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
-  """`optimal_plan` for one position (1-D p_V, q_V; scalar k); vmap batches it."""
+class _Slots(NamedTuple):
+  """The part of a plan that does not depend on its number of cuts: the slots, their
+  prefix sums, blocks and the bound (N slots; N1 = N + 1 breakpoints)."""
+
+  order_N: jax.Array
+  slot_V: jax.Array
+  u_N1: jax.Array
+  sums: _Sums  # of the columns (p, q, h increments) in slot order
+  totals_3: jax.Array  # their totals
+  vertex_N1: jax.Array
+  a_N: jax.Array
+  b_N: jax.Array
+  weight_N1: jax.Array
+  slope_N: jax.Array
+  bound: jax.Array
+
+
+def _slots(p_V, q_V, k, num_heavy: int, max_k: int) -> _Slots:
+  """The slots of one position (`num_heavy` tokens of their own, see `_slot_groups`),
+  their sums, the lower hull's blocks and the bound."""
   vocab = p_V.shape[0]
-  num = _num_slots(vocab, num_cuts)
+  num = _num_slots(vocab, num_heavy)
   dtype = p_V.dtype
-  k = jnp.asarray(k, jnp.int32)
-  group_V = _slot_groups(p_V, q_V, num_cuts)
+  group_V = _slot_groups(p_V, q_V, num_heavy)
   if num == vocab:
     p_N, q_N = p_V, q_V
   else:
@@ -431,13 +476,6 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   totals_qh = jnp.where(totals_qh > 0, totals_qh, 1.0)  # h = 0 for k = 0
   Q_N1, h_N1 = jnp.moveaxis(sums_qh.prefix() / totals_qh, -1, 0)
   qs_N = qs_N / totals_qh[0]
-
-  def mass(i, j):
-    return sums_p.between(i, j)[..., 0] / total_p, sums_qh.between(i, j)[..., 0] / totals_qh[0]
-
-  def rise(i, j):
-    return jnp.moveaxis(sums_qh.between(i, j) / totals_qh, -1, 0)
-
   m = jnp.sum((p_N > 0) & (q_N > 0)).astype(jnp.int32)
 
   # Blocks: the lower hull's vertices, then every breakpoint from m on.
@@ -451,83 +489,105 @@ def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
     jnp.full((num + 2,), num, jnp.int32).at[jnp.where(vertex_N1, count_N1 - 1, num + 1)].set(j_N1)
   )
   a_N, b_N = vertices_N2[block_N], vertices_N2[block_N + 1]
-
-  # Kinetic levels of the num_cuts heaviest interior breakpoints.
-  cuts = min(max(num_cuts, 1), num + 1)
+  # Interior breakpoints weighted by p + q of the slot before them (cut candidates).
   weight_N1 = jnp.concatenate([jnp.full((1,), -jnp.inf, dtype), ps_N + qs_N])
   weight_N1 = jnp.where(vertex_N1, -jnp.inf, weight_N1)
-  top_w, top_j = lax.top_k(weight_N1, cuts)
+  sums = _Sums(*(jnp.concatenate(x, axis=1) for x in zip(sums_p, sums_qh, strict=True)))
+  totals_3 = jnp.concatenate([total_p[None], totals_qh])
+  slope_N = _slope(_rise(sums, totals_3), a_N, b_N, jnp.inf)
+  slot_V = jnp.zeros((num,), jnp.int32).at[order_N].set(j_N1[1:])[group_V]
+  q_tot = 1.0 - jnp.sum(jnp.where(p_V > 0, 0.0, q_V)) / totals_qh[0]
+  bound = jnp.minimum(jnp.min(q_tot - Q_N1 + h_N1), 1.0)
+  return _Slots(
+    order_N, slot_V, u_N1, sums, totals_3, vertex_N1, a_N, b_N, weight_N1, slope_N, bound
+  )
+
+
+def _rise(sums: _Sums, totals_3):
+  """rise(i, j) = (Q_j - Q_i, h_j - h_i) from the sums of (p, q, h increments)."""
+  return lambda i, j: jnp.moveaxis(sums.between(i, j)[..., 1:] / totals_3[1:], -1, 0)
+
+
+def _cut_plan(slots: _Slots, p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
+  """The plan on `slots` with kinetic levels for the `num_cuts` heaviest interior
+  breakpoints: the levels, the selection rates, r and the shortfall check."""
+  num = slots.a_N.shape[0]
+  dtype = p_V.dtype
+  a_N, b_N = slots.a_N, slots.b_N
+  cuts = min(max(num_cuts, 1), num + 1)
+  top_w, top_j = lax.top_k(slots.weight_N1, cuts)
   order_M = jnp.argsort(top_j)
   nodes_M = top_j[order_M].astype(jnp.int32)
   is_node_M = (top_w[order_M] > -jnp.inf) & (num_cuts > 0)
   a_M = jnp.where(is_node_M, a_N[jnp.maximum(nodes_M - 1, 0)], 0)
   b_M = jnp.where(is_node_M, b_N[jnp.maximum(nodes_M - 1, 0)], 0)
-  level_M = _levels(nodes_M, is_node_M, a_M, b_M, mass, rise)
+  level_M = _levels(nodes_M, is_node_M, a_M, b_M, slots.sums, slots.totals_3)
   cut_M = jnp.where(is_node_M, nodes_M, num + 1)
-  levels_N1 = vertex_N1.astype(dtype).at[cut_M].set(level_M, mode="drop")
+  levels_N1 = slots.vertex_N1.astype(dtype).at[cut_M].set(level_M, mode="drop")
 
   # Selection rates: each block's group (a, b] while no candidate inside is active, plus
   # the groups between candidates.
   def h2(i, j):
-    return _h2(u_N1[i], u_N1[j], k, max_k)
+    return _h2(slots.u_N1[i], slots.u_N1[j], k, max_k)
 
   diff = _rate_diff(nodes_M, is_node_M, a_M, b_M, level_M, h2, num + 1)
   rate_N = h2(a_N, b_N) + _cumsum(diff[:num, None])[:, 0]
-  slope_N = _slope(rise, a_N, b_N, jnp.inf)
-  slot_V = jnp.zeros((num,), jnp.int32).at[order_N].set(j_N1[1:])[group_V]
   # Materialised once (XLA would otherwise recompute them inside each per-token pass).
-  slot_V, rate_N, slope_N = lax.optimization_barrier((slot_V, rate_N, slope_N))
-  r_V = p_V / total_p * rate_N[slot_V - 1]
+  slot_V, rate_N, slope_N = lax.optimization_barrier((slots.slot_V, rate_N, slots.slope_N))
+  r_V = p_V / slots.totals_3[0] * rate_N[slot_V - 1]
   accept = jnp.sum(jnp.minimum(r_V, q_V))
-
-  q_tot = 1.0 - jnp.sum(jnp.where(p_V > 0, 0.0, q_V)) / totals_qh[0]
-  bound = jnp.minimum(jnp.min(q_tot - Q_N1 + h_N1), 1.0)
-  qn_V = q_V / totals_qh[0]
+  qn_V = q_V / slots.totals_3[1]
   excess_V = jnp.where(slope_N[slot_V - 1] <= 1.0, r_V - qn_V, qn_V - r_V)
   shortfall = jnp.sum(jnp.where(p_V > 0, jnp.maximum(excess_V, 0.0), 0.0))
-  return OptimalPlan(order_N, slot_V, b_N, cut_M, level_M, levels_N1, r_V, accept, bound, shortfall)
+  return OptimalPlan(
+    slots.order_N, slot_V, b_N, cut_M, level_M, levels_N1, r_V, accept, slots.bound, shortfall
+  )
+
+
+def _plan_single(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
+  """`optimal_plan` for one position (1-D p_V, q_V; scalar k) without refinement, its
+  slots and cuts both from num_cuts; vmap batches it."""
+  k = jnp.asarray(k, jnp.int32)
+  return _cut_plan(_slots(p_V, q_V, k, num_cuts, max_k), p_V, q_V, k, num_cuts, max_k)
 
 
 REFINE_FACTOR = 2
 REFINE_SHORTFALL = 2e-3
 
 
-def _pad_plan(plan: OptimalPlan, like: OptimalPlan) -> OptimalPlan:
-  """`plan` padded to the shapes of `like` (a plan of more slots and cuts): the extra
-  cuts have level 0 and the extra slots are never reached, so the rule is unchanged."""
-
-  def pad(x, y, value):
-    return jnp.concatenate([x, jnp.full((y.shape[0] - x.shape[0],), value, x.dtype)])
-
-  num = like.block_end_N.shape[0]
+def _pad_cuts(plan: OptimalPlan, num_cuts: int) -> OptimalPlan:
+  """`plan` with its cuts padded to `num_cuts` (the refined plan's number): the extra
+  cuts are unused breakpoints of level 0, so the rule is unchanged."""
+  pad = num_cuts - plan.cut_M.shape[0]
+  unused = plan.block_end_N.shape[0] + 1
   return plan._replace(
-    order_N=pad(plan.order_N, like.order_N, num - 1),
-    block_end_N=pad(plan.block_end_N, like.block_end_N, num),
-    cut_M=pad(plan.cut_M, like.cut_M, num + 1),
-    cut_level_M=pad(plan.cut_level_M, like.cut_level_M, 0.0),
-    levels_N1=pad(plan.levels_N1, like.levels_N1, 1.0),
+    cut_M=jnp.concatenate([plan.cut_M, jnp.full((pad,), unused, plan.cut_M.dtype)]),
+    cut_level_M=jnp.concatenate([plan.cut_level_M, jnp.zeros((pad,), plan.cut_level_M.dtype)]),
   )
 
 
 def _plan(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
-  """`_plan_single` with num_cuts, redone with REFINE_FACTOR x num_cuts where the first
-  plan's shortfall exceeds REFINE_SHORTFALL x its bound. The second plan runs in a
-  `lax.while_loop` of at most one step rather than a `lax.cond`: under vmap a cond runs
-  both branches for every position, the loop runs only when some position needs it."""
-  plan = _plan_single(p_V, q_V, k, num_cuts, max_k)
+  """The plan with num_cuts, its levels redone with REFINE_FACTOR x num_cuts where its
+  shortfall exceeds REFINE_SHORTFALL x its bound. The slots (with REFINE_FACTOR x
+  num_cuts heavy tokens), their sums and blocks are built once and serve both. The
+  refinement runs in a `lax.while_loop` of at most one step rather than a `lax.cond`:
+  under vmap a cond runs both branches for every position, the loop runs only when some
+  position needs it."""
+  k = jnp.asarray(k, jnp.int32)
   more = min(REFINE_FACTOR * num_cuts, p_V.shape[0] + 1)
+  slots = _slots(p_V, q_V, k, max(more, num_cuts), max_k)
+  plan = _cut_plan(slots, p_V, q_V, k, num_cuts, max_k)
   if more <= num_cuts:
     return plan
-  fine = jax.eval_shape(lambda: _plan_single(p_V, q_V, k, more, max_k))
-  plan = _pad_plan(plan, fine)
+  plan = _pad_cuts(plan, min(more, slots.a_N.shape[0] + 1))
   need = plan.shortfall > REFINE_SHORTFALL * jnp.maximum(plan.bound, 0.0)
 
   def refine(carry):
-    # p and q read through the loop flag: a body of loop invariants would be hoisted out
-    # of the loop by XLA and run every time.
-    need, _ = carry
-    p, q = (jnp.where(need, x, 0.0) for x in (p_V, q_V))
-    return jnp.bool_(False), _plan_single(p, q, k, more, max_k)
+    # The inputs read through the loop flag: a body of loop invariants would be hoisted
+    # out of the loop by XLA and run every time.
+    need, (slots_, p, q) = lax.optimization_barrier((carry[0], (slots, p_V, q_V)))
+    del need
+    return jnp.bool_(False), _cut_plan(slots_, p, q, k, more, max_k)
 
   return lax.while_loop(lambda c: c[0], refine, (need, plan))[1]
 
