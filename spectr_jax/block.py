@@ -24,9 +24,10 @@ depth by depth, and block-verifies it against the law of the selection:
 
   at depth t the k_t paths that agree with the selected prefix Z^t survive; Z_{t+1} is
   chosen among their tokens by the OT-optimal per-position selection of
-  `spectr_jax.optimal` (`optimal.select`), whose law given the history is r_t = optimal_plan(
-  p(. | Z^t), q(. | Z^t), k_t).r_V; run "block" on Z with r_t in place of p (r_t depends
-  only on the history, known before Z_{t+1} is drawn).
+  `spectr_jax.optimal` (`optimal.select_draft`), whose law given the history is
+  r_t = optimal_plan(p(. | Z^t), q(. | Z^t), k_t).r_V (r_t = p(. | Z^t) where k_t = 1, no
+  plan built); run "block" on Z with r_t in place of p (r_t depends only on the history,
+  known before Z_{t+1} is drawn).
 
 At L = 1 this is the token-level optimal verifier (accept sum min(r, q) = alpha*).
 With K = 1, r = p and "gbv" is "block" (with the same randomness).
@@ -87,12 +88,11 @@ def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, select_u_Lx2) -> BlockPlan:
     p_V, q_V = p_KxLxV[rep, t], q_KxL1xV[rep, t]
     k = jnp.sum(alive_K)
     x_K = drafts_KxL[:, t]
-    if num_drafts == 1:  # the only draft: its law is p
-      r_V, z = p_V, x_K[0]
-    else:
-      node = optimal.optimal_plan(p_V, q_V, k, max_k=num_drafts)
-      r_V = node.r_V
-      z = x_K[optimal.select(select_u_Lx2[t, 0], select_u_Lx2[t, 1], x_K, alive_K, node)]
+    # One survivor (always at K = 1): its law is p, and no plan is built.
+    index, r_V = optimal.select_draft(
+      select_u_Lx2[t, 0], select_u_Lx2[t, 1], x_K, alive_K, p_V, q_V, max_k=num_drafts
+    )
+    z = x_K[index]
     r_z = r_V[z]
     weight = jnp.minimum(1.0, weight * jnp.where(r_z > 0, q_V[z] / jnp.where(r_z > 0, r_z, 1.0), 0))
     path.append(z)

@@ -62,6 +62,7 @@ __all__ = [
   "optimal_plan",
   "optimal_unchecked",
   "select",
+  "select_draft",
   "selection_law",
 ]
 
@@ -670,10 +671,10 @@ def select(u_level, u_pick, drafts_K, valid_K, plan: OptimalPlan):
   return jnp.argmax(in_group_K & (rank_K == jnp.minimum(pick, count - 1)))
 
 
-def _select(key, drafts_K, valid_K, plan: OptimalPlan):
+def _select_uniforms(key, dtype):
+  """(u_level, u_pick) of `select` from one key."""
   level_key, pick_key = jax.random.split(key)
-  u_level = jax.random.uniform(level_key, dtype=plan.cut_level_M.dtype)
-  return select(u_level, jax.random.uniform(pick_key), drafts_K, valid_K, plan)
+  return jax.random.uniform(level_key, dtype=dtype), jax.random.uniform(pick_key)
 
 
 def _plan_where(need, p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
@@ -692,11 +693,43 @@ def _plan_where(need, p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   return lax.while_loop(lambda c: c[0], build, (need, empty))[1]
 
 
-def _verify_with(key, drafts_K, valid_K, q_V, r_V, pick):
-  """(token, accepted): Z = drafts_K[pick(select key)], accepted with probability
-  min(1, q(Z) / r(Z)), otherwise a draw from norm(q - min(r, q))."""
+def select_draft(
+  u_level, u_pick, drafts_K, valid_K, p_V, q_V, *, num_cuts: int = DEFAULT_NUM_CUTS, max_k: int
+):
+  """The draft Z that the rule selects among the valid drafts, and its law r.
+
+  With two or more valid drafts, `select` on `optimal_plan(p, q, k)`; with one there is
+  nothing to choose: Z is that draft and r = p (single-draft speculative sampling, the
+  optimum for one draft); with none, index 0 and r = 0. The plan is built only where
+  k >= 2 (under vmap, only when some position has k >= 2: after a walk's first position
+  that is rare), so its cost is not paid for the single-survivor positions.
+
+  Args:
+    u_level, u_pick: uniforms in [0, 1) (see `select`).
+    drafts_K, valid_K: the drafts and the mask of those to choose from.
+    p_V, q_V: draft and target distributions (no input checks: for use inside jit).
+    num_cuts: static; see `optimal_plan`. max_k: static upper bound on sum(valid_K).
+
+  Returns:
+    (index into drafts_K of Z, r_V).
+  """
+  k = jnp.sum(valid_K).astype(jnp.int32)
+  only = jnp.argmax(valid_K)
+  r_V = jnp.where(k == 1, p_V, 0.0)
+  if drafts_K.shape[0] < 2 or max_k < 2:
+    return only, r_V
+  planned = k >= 2
+  plan = _plan_where(planned, p_V, q_V, k, num_cuts, max_k)
+  index = jnp.where(planned, select(u_level, u_pick, drafts_K, valid_K, plan), only)
+  return index, jnp.where(planned, plan.r_V, r_V)
+
+
+def _verify_with(key, drafts_K, valid_K, q_V, choose):
+  """(token, accepted): (index, r) = choose(select key), Z = drafts_K[index], accepted
+  with probability min(1, q(Z) / r(Z)), otherwise a draw from norm(q - min(r, q))."""
   select_key, accept_key, residual_key = jax.random.split(key, 3)
-  z = drafts_K[pick(select_key)]
+  index, r_V = choose(select_key)
+  z = drafts_K[index]
   r_z = r_V[z]
   accepted = jnp.any(valid_K) & (jax.random.uniform(accept_key, dtype=r_z.dtype) * r_z < q_V[z])
   y = categorical(residual_key, acceptance.residual(q_V, jnp.minimum(r_V, q_V)))
@@ -705,27 +738,26 @@ def _verify_with(key, drafts_K, valid_K, q_V, r_V, pick):
 
 def _apply_plan(key, drafts_K, valid_K, q_V, plan: OptimalPlan):
   """The verifier's random part given its plan: (token, accepted)."""
-  pick = lambda key: _select(key, drafts_K, valid_K, plan)
-  return _verify_with(key, drafts_K, valid_K, q_V, plan.r_V, pick)
+
+  def choose(key):
+    u_level, u_pick = _select_uniforms(key, plan.cut_level_M.dtype)
+    return select(u_level, u_pick, drafts_K, valid_K, plan), plan.r_V
+
+  return _verify_with(key, drafts_K, valid_K, q_V, choose)
 
 
 @functools.partial(jax.jit, static_argnames="num_cuts")
 def optimal_unchecked(key, drafts_K, p_V, q_V, valid_K, *, num_cuts: int = DEFAULT_NUM_CUTS):
-  """`optimal` without its input checks (valid_K required), for callers inside jit.
+  """`optimal` without its input checks (valid_K required), for callers inside jit; the
+  plan is built only where k >= 2 (`select_draft`)."""
 
-  With k <= 1 valid drafts there is nothing to choose: Z is the valid draft and r = p
-  (k = 1: single-draft speculative sampling, optimal for one draft), or there is none
-  (k = 0: the token is drawn from q). The plan is built only where k >= 2, the common
-  case after a walk's first position (`_plan_where`)."""
-  k = jnp.sum(valid_K).astype(jnp.int32)
-  only = jnp.argmax(valid_K)
-  r_V = jnp.where(k == 1, p_V, 0.0)
-  if drafts_K.shape[0] < 2:
-    return _verify_with(key, drafts_K, valid_K, q_V, r_V, lambda _: only)
-  planned = k >= 2
-  plan = _plan_where(planned, p_V, q_V, k, num_cuts, drafts_K.shape[0])
-  pick = lambda key: jnp.where(planned, _select(key, drafts_K, valid_K, plan), only)
-  return _verify_with(key, drafts_K, valid_K, q_V, jnp.where(planned, plan.r_V, r_V), pick)
+  def choose(key):
+    u_level, u_pick = _select_uniforms(key, p_V.dtype)
+    return select_draft(
+      u_level, u_pick, drafts_K, valid_K, p_V, q_V, num_cuts=num_cuts, max_k=drafts_K.shape[0]
+    )
+
+  return _verify_with(key, drafts_K, valid_K, q_V, choose)
 
 
 def optimal(key, drafts_K, p_V, q_V, *, valid_K=None, num_cuts: int = DEFAULT_NUM_CUTS):

@@ -185,10 +185,12 @@ def test_rejects_block_without_residual_correction(monkeypatch):
 @pytest.mark.slow
 def test_rejects_gbv_verified_against_p(monkeypatch):
   """GBV must verify the selected path against the selection law r, not against p."""
-  plan_fn = optimal.optimal_plan
-  monkeypatch.setattr(
-    optimal, "optimal_plan", lambda p_V, q_V, k, **kw: plan_fn(p_V, q_V, k, **kw)._replace(r_V=p_V)
-  )
+  select_fn = optimal.select_draft
+
+  def against_p(u_level, u_pick, x_K, alive_K, p_V, q_V, **kw):
+    return select_fn(u_level, u_pick, x_K, alive_K, p_V, q_V, **kw)[0], p_V
+
+  monkeypatch.setattr(optimal, "select_draft", against_p)
   p_tab, q_tab = _tree(3, 3, 2)
   codes, _ = _sample_blocks(jax.random.key(5), p_tab, q_tab, 3, 2, _fresh, n=N_GBV)
   law = _target_law(q_tab, 2)

@@ -339,6 +339,34 @@ def test_one_valid_draft_is_speculative_sampling(vocab):
   stats.assert_rejects(*_binned(tokens_q, q_V, num_bins), f"{what}: residual = q")
 
 
+def test_select_draft_builds_the_plan_only_for_two_or_more():
+  """`select_draft` = `select` on the plan and its r where k >= 2 (vmapped over rows of
+  different k, so the plan's loop runs for some rows only); the only valid draft and
+  r = p where k = 1; r = 0 where k = 0."""
+  rng = np.random.default_rng(8)
+  p, q = _pair(rng, 50, 0.7)
+  p_V, q_V = jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
+  drafts_NxK = _draw(jax.random.key(2), p_V, 6, 4)
+  masks = [[1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1], [1, 1, 0, 1]]
+  valid_NxK = jnp.asarray(masks, bool)
+  u_Nx2 = jax.random.uniform(jax.random.key(3), (6, 2))
+  index_N, r_NxV = jax.jit(
+    jax.vmap(lambda u, d, v: optimal.select_draft(u[0], u[1], d, v, p_V, q_V, max_k=4))
+  )(u_Nx2, drafts_NxK, valid_NxK)
+  for n, mask in enumerate(masks):
+    k = sum(mask)
+    if k >= 2:
+      plan = optimal.optimal_plan(p_V, q_V, k, max_k=4)
+      expected = optimal.select(u_Nx2[n, 0], u_Nx2[n, 1], drafts_NxK[n], valid_NxK[n], plan)
+      assert int(index_N[n]) == int(expected)
+      np.testing.assert_array_equal(r_NxV[n], plan.r_V)
+    elif k == 1:
+      assert int(index_N[n]) == mask.index(1)
+      np.testing.assert_array_equal(r_NxV[n], p_V)
+    else:
+      assert not np.any(np.asarray(r_NxV[n]))
+
+
 def test_public_verifier_masks_and_matches_its_plan():
   """`optimal` = plan + random part; masked drafts are ignored; k = 0 samples q."""
   rng = np.random.default_rng(3)
