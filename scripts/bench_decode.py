@@ -7,7 +7,8 @@ prints one row per (method, K, L), all measured in the same run:
   - wall-clock speedup over autoregressive decoding measured here;
   - one round's time split into draft (L steps), target (one call over K(L+1) positions)
     and verification (the block walk), each timed alone; the three chained in one loop
-    as in a round; the round over the sum of the parts, and the bookkeeping share
+    as in a round; the engine's round function (`rounds.run_round`) in the same kind of
+    loop; the round over the sum of the parts, and the bookkeeping share
     1 - chained / round (the commit, the statistics, the keys and the loop itself);
   - the predicted accelerator speedup of the latency model in `metrics.predicted_speedup`
     (target call flat in K(L+1), draft step cost = parameter ratio).
@@ -94,7 +95,10 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
   those p and q), and the three chained in one loop as in a round (each part's output
   feeding the next; tails reset instead of the commit): a round minus "chained" is its
   bookkeeping, "chained" minus the parts is what running them together costs (on a CPU,
-  mostly weights and caches no longer warm in the processor's caches)."""
+  mostly weights and caches no longer warm in the processor's caches). "round loop" is
+  the engine's own round (`rounds.run_round`: parts, commit, statistics, keys) in the
+  same loop, from the state after the prefill, so that round and parts are timed by the
+  same harness."""
   if traced is None:
     traced = rounds.Traced(
       jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
@@ -150,6 +154,11 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
 
   carry = (state.draft_cache, state.target_cache, keys)
   timers["chained"] = (_looped(chained_step), ((draft_params, target.params), carry))
+
+  def round_step(params, state):
+    return rounds.run_round(spec, params[0], params[1], keys, state, traced)
+
+  timers["round loop"] = (_looped(round_step), ((draft_params, target.params), state))
   return timers
 
 
@@ -157,12 +166,15 @@ def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, re
   """One row per (method, K, L); the first config must be autoregressive (the baseline).
 
   The round is (a run of `max_new_tokens` - a run of one token) / (the rounds between
-  them), so the prefill and the per-call cost of `generate` cancel; both runs and the
-  parts are timed round-robin (`interleaved_medians`)."""
+  them), so the prefill and the per-call cost of `generate` cancel. Every timer of every
+  config (both runs, the parts, the chained parts, the round loop) is timed round-robin
+  in one `interleaved_medians`, so a change of the machine's load moves all rows alike
+  and ratios across rows (a method's round over K-SEQ's, a speedup over autoregressive
+  decoding) are as meaningful as those inside a row."""
   cost_ratio = count_params(draft.params) / count_params(target.params)
   max_new_tokens = settings.max_new_tokens
-  rows = []
-  for method, num_drafts, draft_len in configs:
+  timers, runs = {}, []
+  for i, (method, num_drafts, draft_len) in enumerate(configs):
     kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
     kw.update(method=method, num_drafts=num_drafts, draft_len=draft_len)
     kw.update(settings.sampling_args())
@@ -175,9 +187,16 @@ def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, re
       method, num_drafts, draft_len, max_new_tokens, None, False, "star",
       draft.config if draft_len else None, target.config,
     )  # fmt: skip
-    timers = {"full": (tokens, (max_new_tokens,)), "one": (tokens, (1,))}
-    timers.update(part_timers(spec, draft, target, prompts, lengths))
-    t = interleaved_medians(timers, repeats)
+    config_timers = {"full": (tokens, (max_new_tokens,)), "one": (tokens, (1,))}
+    config_timers.update(part_timers(spec, draft, target, prompts, lengths))
+    timers.update({(i, name): timer for name, timer in config_timers.items()})
+    runs.append((out, extra))
+    print(f"prepared {method}:{num_drafts}:{draft_len} ({i + 1}/{len(configs)})", flush=True)
+  medians = interleaved_medians(timers, repeats)
+  rows = []
+  for i, (method, num_drafts, draft_len) in enumerate(configs):
+    t = {name: value for (j, name), value in medians.items() if j == i}
+    out, extra = runs[i]
     round_s = (t["full"] - t["one"]) / max(extra, 1)
     parts = {name: t.get(name, 0.0) / CALLS for name in ("draft", "target", "verify")}
     parts_s = sum(parts.values())
@@ -196,6 +215,7 @@ def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, re
       verify_ms=1e3 * parts["verify"],
       parts_ms=1e3 * parts_s,
       chained_ms=1e3 * t["chained"] / CALLS,
+      round_loop_ms=1e3 * t["round loop"] / CALLS,
       round_over_parts=round_s / parts_s,
       bookkeeping=1.0 - t["chained"] / CALLS / round_s,
       predicted=predicted_speedup(float(out.stats.block_efficiency), draft_len, cost_ratio),
@@ -206,7 +226,6 @@ def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, re
     row["predicted_here"] = row["batch_efficiency"] * base["round_ms"] / row["parts_ms"]
     row["measured_here"] = row["batch_efficiency"] * base["round_ms"] / row["round_ms"]
     rows.append(row)
-    print(format_table(rows[-1:], rows[0]).splitlines()[-1], flush=True)
   return rows
 
 
@@ -224,6 +243,7 @@ def format_table(rows, baseline):
     ("verify_ms", "verify ms", "{:.2f}"),
     ("parts_ms", "sum of parts ms", "{:.2f}"),
     ("chained_ms", "parts chained ms", "{:.2f}"),
+    ("round_loop_ms", "round loop ms", "{:.2f}"),
     ("round_over_parts", "round / parts", "{:.2f}"),
     ("bookkeeping", "bookkeeping", "{:.0%}"),
     ("predicted_here", "speedup predicted (parts)", "{:.2f}x"),

@@ -53,3 +53,13 @@ def test_every_phase_of_a_round_gets_its_operations_and_time(profile_round):
   for phase in ("draft", "score", "verify", "commit"):
     assert split.get(phase, 0.0) > 0, (phase, split)
   assert split["score"] > split["stats"]
+
+
+@pytest.mark.slow
+def test_busy_and_span_of_a_loop(profile_round):
+  """A jitted loop's operations are found in the trace: at least the matmul and the
+  elementwise fusion of each of its 8 steps per call, with positive summed and spanned
+  times."""
+  fn = jax.jit(lambda x: jax.lax.fori_loop(0, 8, lambda _, y: jnp.sin(y @ y.T) + 1.0, x))
+  ops, busy, span = profile_round.busy_and_span(fn, (jnp.ones((64, 64)),), repeats=2)
+  assert ops >= 16 and busy > 0 and span > 0
