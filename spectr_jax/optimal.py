@@ -5,8 +5,9 @@ probability up to alpha*(p, q, k), the optimal-transport bound
 (`acceptance.optimal_acceptance`), of which K-SEQ is only guaranteed 1 - (1 - 1/k)^k.
 
 Notation. The tokens are merged into N slot groups ("slots"): each token its own slot
-when V <= num_cuts + 258, otherwise the num_cuts tokens of largest p + q one slot each
-and the others by log2(q / p) in 1/16-octave buckets (q = 0 and p = 0 in one each).
+when V <= H + 258, otherwise the H tokens of largest p + q one slot each and the others
+by log2(q / p) in 1/16-octave buckets (q = 0 and p = 0 in one each); H = REFINE_FACTOR x
+num_cuts, the cuts a refined plan may use.
 Slots with p > 0 sorted by q/p descending are slots 1..n (slots with p = 0 follow and are
 never drafted); breakpoint j sits after slot j (j = 0..N). P_j = p(slots 1..j),
 u_j = 1 - P_j, Q_j = q(slots 1..j), h_j = 1 - u_j^k (the chance that a draft falls in
@@ -26,9 +27,10 @@ measured: a slot is never split, so only a bucket that straddles the optimum cos
 Levels: the vertices of the lower convex hull of (Q_j, h_j) (the blocks) get level 1, and
 the `num_cuts` heaviest interior breakpoints (by p + q of the slot before them) get the
 removal times of a deletion-only kinetic hull (docs/OPTIMAL_VERIFIER.md), found for all
-candidates at once by bisection on U; all others get level 0. Where the O(n) check
-`OptimalPlan.shortfall` exceeds REFINE_SHORTFALL = 2e-3 of the bound, the plan is redone
-with REFINE_FACTOR = 2 times the cuts (and heavy slots). With num_cuts >= V the levels
+candidates at once by Newton steps on U; all others get level 0. Where the O(n) check
+`OptimalPlan.shortfall` exceeds REFINE_SHORTFALL = 2e-3 of the bound, the levels are
+redone with REFINE_FACTOR = 2 times the cuts on the same slots, sums and blocks (only
+the cuts, levels and rates are recomputed). With num_cuts >= V the levels
 are those of the note and sum min(r, q) = alpha*. Measured acceptance, LLM-like and
 near-flat pairs: docs/OPTIMAL_VERIFIER.md. With k <= 1 valid drafts no plan is built:
 the one draft is Z with r = p (single-draft speculative sampling), or none, and q is
@@ -126,23 +128,23 @@ _BUCKETS_PER_OCTAVE = 16
 _OCTAVES = 8  # ratios beyond 2^(+-_OCTAVES) share the outermost buckets
 
 
-def _num_slots(vocab: int, num_cuts: int) -> int:
-  """N: V when every token can be its own slot, else num_cuts heavy tokens plus the
+def _num_slots(vocab: int, num_heavy: int) -> int:
+  """N: V when every token can be its own slot, else num_heavy heavy tokens plus the
   ratio buckets and one bucket each for q = 0 and for p = 0."""
-  return min(vocab, max(num_cuts, 0) + 2 * _OCTAVES * _BUCKETS_PER_OCTAVE + 2)
+  return min(vocab, max(num_heavy, 0) + 2 * _OCTAVES * _BUCKETS_PER_OCTAVE + 2)
 
 
-def _slot_groups(p_V, q_V, num_cuts: int):
+def _slot_groups(p_V, q_V, num_heavy: int):
   """The slot-group id (0..N-1) of every token: the token itself when N = V; otherwise
-  the num_cuts tokens of largest p + q get a group each and the rest are bucketed by
+  the num_heavy tokens of largest p + q get a group each and the rest are bucketed by
   log2(q / p) at 1/16 octave (q = 0 and p = 0 in buckets of their own). Only the order of the groups
   and the breakpoints between them matter to the verifier, so tokens of one group are
   never split (docs/OPTIMAL_VERIFIER.md)."""
   vocab = p_V.shape[0]
-  num = _num_slots(vocab, num_cuts)
+  num = _num_slots(vocab, num_heavy)
   if num == vocab:
     return jnp.arange(vocab, dtype=jnp.int32)
-  heavy = max(num_cuts, 0)
+  heavy = max(num_heavy, 0)
   # The exponent and top mantissa bits of the float32 ratio: 1/16-octave buckets.
   ratio_V = (q_V / jnp.where(p_V > 0, p_V, 1.0)).astype(jnp.float32)
   shift = 23 - (_BUCKETS_PER_OCTAVE.bit_length() - 1)
@@ -533,7 +535,9 @@ def _cut_plan(slots: _Slots, p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalP
 
   diff = _rate_diff(nodes_M, is_node_M, a_M, b_M, level_M, h2, num + 1)
   rate_N = h2(a_N, b_N) + _cumsum(diff[:num, None])[:, 0]
-  # Materialised once (XLA would otherwise recompute them inside each per-token pass).
+  # Meant to materialise them once; the CPU compiler drops the barrier and fuses the rates'
+  # arithmetic into the per-token pass below (about a sixth of a refined plan's time in a
+  # profile; left as is).
   slot_V, rate_N, slope_N = lax.optimization_barrier((slots.slot_V, rate_N, slots.slope_N))
   r_V = p_V / slots.totals_3[0] * rate_N[slot_V - 1]
   accept = jnp.sum(jnp.minimum(r_V, q_V))
@@ -615,8 +619,9 @@ def optimal_plan(
     p_V, q_V: draft and target distributions (float32, or float64 with x64 enabled).
     k: number of drafts (int in [0, max_k], may be traced; 0 gives r = 0).
     num_cuts: how many interior breakpoints may get kinetic levels (static; doubled
-      where the first plan's shortfall exceeds 2e-3 of its bound); V or more gives the
-      full construction of docs/OPTIMAL_VERIFIER.md.
+      where the first plan's shortfall exceeds 2e-3 of its bound, and as many heavy
+      tokens get slots of their own); V or more gives the full construction of
+      docs/OPTIMAL_VERIFIER.md.
     max_k: static upper bound on k (defaults to k itself when k is concrete).
 
   Returns:
