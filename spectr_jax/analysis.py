@@ -308,12 +308,11 @@ def _run_rho_ablation(config, pair, provenance_config):
   }
   key = hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
   path = config.sweep.results_path / results.ANALYSIS_FILE
-  if path.exists() and json.loads(path.read_text()).get("key") == key:
+  saved = results.read_analysis(path)
+  if saved is not None and saved.get("key") == key:
     logging.info("rho ablation: loading %s", path)
-    return records, json.loads(path.read_text())
+    return records, saved
   analysis = {"key": key, **rho_ablation(pair, config.sweep, config.analysis)}
-  if jax.process_index() == 0:  # written whole or not at all (a rename is atomic)
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(analysis, indent=1))
-    partial.replace(path)
+  if jax.process_index() == 0:
+    results.write_whole(path, json.dumps(analysis, indent=1))  # whole or not at all
   return records, analysis

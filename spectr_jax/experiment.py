@@ -314,6 +314,7 @@ def _run_sweep(config, pair, provenance_config, writer):
   )
   run_id = uuid.uuid4().hex[:12]
   if todo and writer:
+    results.check_writable(results_dir)  # before any line: a cell that cannot be written
     described = dataclasses.asdict(config) if provenance_config is None else provenance_config
     record = runs.provenance(described)
     record.update(run=run_id, pair=dict(pair.description, fingerprint=pair.fingerprint))

@@ -1,6 +1,7 @@
 """Sweeps: the grid, cell keys, resumable results (also after a kill), provenance, launchers."""
 
 import dataclasses
+import errno
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from spectr_jax import engine, experiment, memory, pairs, results
 from spectr_jax.config import DecodeSettings, RhoAblationConfig, SweepConfig
 from spectr_jax.data import TokenizedSplit
 from spectr_jax.models import ModelBundle, get_model_config, init_params
+from tests.test_results import valid_record
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V = 16
@@ -228,7 +230,7 @@ def test_pair_fingerprint_tracks_parameters_and_text(pair):
 def test_partial_last_line_is_skipped_by_readers_and_cut_by_the_writer(tmp_path, name):
   path = tmp_path / name
   lines = [
-    json.dumps({"key": k, "x": i, "pair": {"fingerprint": k}}) + "\n" for i, k in enumerate("aab")
+    json.dumps(valid_record(k, x=i, pair={"fingerprint": k})) + "\n" for i, k in enumerate("aab")
   ]
   path.write_text("".join(lines) + '{"key": "c", "x"')
   assert [r["key"] for r in results.read_jsonl(path)] == ["a", "a", "b"]
@@ -237,17 +239,16 @@ def test_partial_last_line_is_skipped_by_readers_and_cut_by_the_writer(tmp_path,
   if name == results.RESULTS_FILE:
     assert sorted(records) == ["a", "b"] and records["a"]["x"] == 0  # the first record of a key
   assert path.read_text().endswith('"x"')  # a reader repairs nothing (it may not hold the lock)
-  results.append_record(path, {"key": "d", "pair": {"fingerprint": "d"}})  # the writer cuts it
-  assert (
-    path.read_text()
-    == "".join(lines) + json.dumps({"key": "d", "pair": {"fingerprint": "d"}}) + "\n"
-  )
+  last = valid_record("d", pair={"fingerprint": "d"})
+  results.append_record(path, last)  # the writer cuts it
+  assert path.read_text() == "".join(lines) + json.dumps(last) + "\n"
   assert results.load_results(tmp_path / "missing") == {}
 
 
 def test_damaged_middle_line_is_an_error_naming_file_and_line(tmp_path):
   path = tmp_path / results.RESULTS_FILE
-  path.write_text('{"key": "a"}\n{"key": \n{"key": "b"}\n')
+  a, b = (json.dumps(valid_record(key)) for key in "ab")
+  path.write_text(f'{a}\n{{"key": \n{b}\n')
   with pytest.raises(results.DamagedFileError, match=rf"{path}, line 2: damaged record"):
     results.load_results(tmp_path)
 
@@ -392,3 +393,25 @@ def test_launch_gpu_host_dry_run():
   run = _script("launch_gpu_host.sh", "--dry-run", "--mesh-model=2", "--", "python", "-m", "x")
   assert run.returncode == 0, run.stderr
   assert "python -m x --config.mesh_model=2" in run.stdout
+
+
+def test_unwritable_results_file_stops_the_sweep_before_any_line(pair, tmp_path, monkeypatch):
+  """results.jsonl read-only: a clear error before the provenance line or any decoding."""
+  config = sweep_config(tmp_path, methods=("autoregressive",), seeds=(0,), shard=False)
+  path = config.results_path / results.RESULTS_FILE
+  config.results_path.mkdir(parents=True)
+  path.write_text("")
+  path.chmod(0o444)  # enough unless the tests run as root, which the patch below covers
+  real_open = os.open
+
+  def read_only_open(file, flags, *args):
+    if str(file) == str(path) and flags & (os.O_WRONLY | os.O_RDWR):
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
+    return real_open(file, flags, *args)
+
+  monkeypatch.setattr(os, "open", read_only_open)
+  monkeypatch.setattr(experiment, "run_cell", lambda *a: pytest.fail("decoded"))
+  with pytest.raises(PermissionError, match=rf"{path} cannot be written .* nothing was run"):
+    experiment.run_sweep(config, pair)
+  assert not (config.results_path / results.PROVENANCE_FILE).exists()
+  assert path.read_text() == ""

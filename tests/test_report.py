@@ -12,6 +12,7 @@ import pytest
 from configs import lm1b_spectr
 from spectr_jax import experiment, metrics, report, results
 from spectr_jax.config import DecodeSettings, SweepConfig
+from tests.test_results import valid_record
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,18 +71,20 @@ def test_paired_gains_match_cells():
 def _record(method, k, draft_len, seed, emitted, rounds, seconds, rho=None, pair="p"):
   settings = DecodeSettings(1.0, 0, 1.0, len(emitted), 8, 16, False)
   cell = experiment.Cell(method, k, draft_len, rho, seed, settings, pair)
-  return {
-    "key": cell.key,
-    "cell": cell.as_record(),
-    "emitted": emitted,
-    "rounds": rounds,
-    "reached": [sum(rounds)] + [0] * draft_len,
-    "hits": [sum(rounds) // 2] + [0] * draft_len,
-    "timed_tokens": sum(emitted),
-    "decode_seconds": seconds,
-    "draft_params": 1,
-    "target_params": 10,
-  }
+  return valid_record(
+    cell.key,
+    draft_len,
+    len(emitted),
+    cell=cell.as_record(),
+    emitted=emitted,
+    rounds=rounds,
+    reached=[sum(rounds)] + [0] * draft_len,
+    hits=[sum(rounds) // 2] + [0] * draft_len,
+    timed_tokens=sum(emitted),
+    decode_seconds=seconds,
+    draft_params=1,
+    target_params=10,
+  )
 
 
 def _records():
@@ -157,7 +160,9 @@ def test_write_report_tables_and_plots(tmp_path):
 def test_report_keeps_the_configs_cells_of_the_latest_pair(tmp_path):
   config = SweepConfig.from_dict(lm1b_spectr.get_config("test").to_dict())
   cells = experiment.expand(config, "new")
-  records = [{"key": c.key, "cell": c.as_record()} for c in cells]
+  records = [
+    valid_record(c.key, c.draft_len, c.decoding.num_prompts, cell=c.as_record()) for c in cells
+  ]
   old = [dict(r, key=r["key"] + "-old", cell=dict(r["cell"], pair="old")) for r in records]
   _write(tmp_path, old[:1] + records[:2] + old[1:], runs=("old", "new"))
   assert results.latest_pair_fingerprint(tmp_path) == "new"
