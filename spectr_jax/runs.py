@@ -3,11 +3,14 @@
 A run lives in one work directory:
   config.json         the `TrainConfig` of the run (JSON)
   tokenizer.model     the SentencePiece model the run was trained with
-  checkpoints/<step>/ params, opt_state and meta (step, config, wall time) of each save
+  checkpoints/<step>/ params, opt_state and meta (step, config, wall time) of each save,
+                      and checksums.json: the SHA-256 of every file of those items, written
+                      by process 0 once the save is complete and checked before a restore
 """
 
 import datetime
 import functools
+import hashlib
 import importlib.metadata
 import json
 import logging as pylogging
@@ -20,7 +23,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from spectr_jax import sharding
+from spectr_jax import results, sharding
 from spectr_jax.config import TrainConfig, saved_train_config
 from spectr_jax.data import Dataset, Tokenizer, load_dataset
 from spectr_jax.models import ModelBundle, init_params
@@ -37,6 +40,7 @@ LOGISTICS_FIELDS = (
   "mesh_model",
   "fsdp",
 )
+CHECKSUMS_FILE = "checksums.json"
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_collections")
 
 
@@ -45,7 +49,8 @@ class CheckpointError(ValueError):
 
 
 class DamagedCheckpointError(CheckpointError):
-  """A checkpoint whose files cannot be restored (truncated data, missing metadata)."""
+  """A checkpoint whose files cannot be restored (truncated data, missing metadata) or
+  differ from their checksums (bit rot)."""
 
 
 def workdir_path(workdir: str | pathlib.Path) -> pathlib.Path:
@@ -121,9 +126,7 @@ def write_run_files(workdir: str | pathlib.Path, config: TrainConfig, tokenizer:
     return
   path = workdir_path(workdir)
   path.mkdir(parents=True, exist_ok=True)
-  tmp = path / "config.json.tmp"
-  tmp.write_text(json.dumps(config.to_dict(), indent=2))
-  tmp.replace(path / "config.json")
+  results.write_whole(path / "config.json", json.dumps(config.to_dict(), indent=2))
   tokenizer.save(path / "tokenizer.model")  # written aside and renamed
 
 
@@ -187,31 +190,90 @@ def load_bundle(
   return ModelBundle(config=model_config, params=restored["params"])
 
 
+def _file_digest(path: pathlib.Path) -> str:
+  with path.open("rb") as file:
+    return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def _item_files(step_dir: pathlib.Path, item: str) -> list[pathlib.Path]:
+  return sorted(f for f in (step_dir / item).rglob("*") if f.is_file())
+
+
 def save_checkpoint(
   manager: ocp.CheckpointManager, step: int, params: Any, opt_state: Any, meta: dict[str, Any]
 ) -> None:
-  """Saves params, optimizer state and the JSON meta record as checkpoint `step`."""
-  manager.save(
-    step,
-    args=ocp.args.Composite(
-      params=ocp.args.StandardSave(params),
-      opt_state=ocp.args.StandardSave(opt_state),
-      meta=ocp.args.JsonSave(meta),
-    ),
-    force=True,
+  """Saves params, optimizer state and the JSON meta record as checkpoint `step`.
+
+  Once orbax has finished (every process's shards on disk), process 0 writes the step's
+  checksums.json: the SHA-256 of every file of the three items, which `_restore` checks.
+  """
+  items = {
+    "params": ocp.args.StandardSave(params),
+    "opt_state": ocp.args.StandardSave(opt_state),
+    "meta": ocp.args.JsonSave(meta),
+  }
+  manager.save(step, args=ocp.args.Composite(**items), force=True)
+  manager.wait_until_finished()
+  if jax.process_index() != 0:
+    return
+  step_dir = pathlib.Path(manager.directory) / str(step)
+  digests = {
+    str(f.relative_to(step_dir)): _file_digest(f)
+    for item in items
+    for f in _item_files(step_dir, item)
+  }
+  record = {"algorithm": "sha256", "files": digests}
+  results.write_whole(step_dir / CHECKSUMS_FILE, json.dumps(record, indent=0))
+
+
+def _damaged(manager: ocp.CheckpointManager, step: int, why: str) -> DamagedCheckpointError:
+  return DamagedCheckpointError(
+    f"checkpoint step {step} in {manager.directory} is damaged ({why}); rerun the training "
+    "command to redo it from the newest complete checkpoint"
   )
 
 
+def _verify(manager: ocp.CheckpointManager, step: int, items: list[str]) -> None:
+  """Checks the files of `items` of checkpoint `step` against its checksums.json.
+
+  A checkpoint without one (saved before checksums were written, or by a run killed
+  between orbax's save and the checksums) is restored unverified, with a warning.
+
+  Raises:
+    DamagedCheckpointError: a file is missing or its SHA-256 differs (named).
+  """
+  step_dir = pathlib.Path(manager.directory) / str(step)
+  try:
+    digests = json.loads((step_dir / CHECKSUMS_FILE).read_bytes())["files"]
+  except FileNotFoundError:
+    logging.warning(
+      "checkpoint step %d in %s has no %s (saved before checksums were written, or by a "
+      "run killed right after the save): restoring it unverified",
+      step,
+      manager.directory,
+      CHECKSUMS_FILE,
+    )
+    return
+  except (ValueError, KeyError, TypeError) as error:
+    raise _damaged(manager, step, f"{CHECKSUMS_FILE} is not readable: {error}") from None
+  for name, digest in digests.items():
+    if name.split("/")[0] not in items:
+      continue
+    path = step_dir / name
+    if not path.is_file():
+      raise _damaged(manager, step, f"{name} is missing")
+    if _file_digest(path) != digest:
+      raise _damaged(manager, step, f"{name} differs from its SHA-256 at save")
+
+
 def _restore(manager: ocp.CheckpointManager, step: int, args: ocp.args.Composite) -> Any:
-  """`manager.restore`, with any failure to read the files a `DamagedCheckpointError`."""
+  """Checks the files of the items `args` restores against the step's checksums
+  (`_verify`), then `manager.restore`s them; any failure is a `DamagedCheckpointError`."""
+  _verify(manager, step, list(args.keys()))
   try:
     return manager.restore(step, args=args)
   except Exception as error:  # orbax and TensorStore raise many types for damaged files
-    raise DamagedCheckpointError(
-      f"checkpoint step {step} in {manager.directory} is damaged "
-      f"({type(error).__name__}: {str(error)[:300]}); rerun the training command to redo it "
-      "from the newest complete checkpoint"
-    ) from error
+    raise _damaged(manager, step, f"{type(error).__name__}: {str(error)[:300]}") from error
 
 
 def restore_latest(

@@ -1,6 +1,7 @@
 """Tests of training, checkpoints, resuming and the pair evaluation."""
 
 import dataclasses
+import errno
 import os
 import shutil
 import signal
@@ -135,15 +136,24 @@ def test_checkpoint_errors(target_run, tmp_path):
 
 
 def _damage(step_dir, how):
-  """Truncates the params data files of a checkpoint, or deletes its meta item."""
+  """Truncates the params data files of a checkpoint, flips 4 KiB in the middle of its
+  largest one (bit rot: the files still parse), or deletes its meta item."""
   if how == "no_meta":
     shutil.rmtree(step_dir / "meta")
     return
-  for blob in step_dir.glob("params/**/d/*"):
+  blobs = list(step_dir.glob("params/**/d/*"))
+  if how == "bit_rot":
+    blob = max(blobs, key=lambda b: b.stat().st_size)
+    data = bytearray(blob.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 4096] = bytes(b ^ 0xFF for b in data[middle : middle + 4096])
+    blob.write_bytes(bytes(data))
+    return
+  for blob in blobs:
     blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])
 
 
-@pytest.mark.parametrize("how", ["truncated", "no_meta"])
+@pytest.mark.parametrize("how", ["truncated", "no_meta", "bit_rot"])
 def test_damaged_latest_checkpoint_falls_back_to_the_previous_step(
   target_run, tmp_path, how, caplog
 ):
@@ -152,15 +162,32 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_step(
   shutil.copytree(workdir, run)
   _damage(run / "checkpoints" / "20", how)
   with pytest.raises(runs.DamagedCheckpointError, match=r"checkpoint step 20 in .* is damaged"):
-    runs.load_bundle(run) if how == "truncated" else runs.checkpoint_meta(run)
+    runs.checkpoint_meta(run) if how == "no_meta" else runs.load_bundle(run)
+  if how == "bit_rot":  # named as such (it restored NaN and 1e38 parameters before)
+    with pytest.raises(runs.DamagedCheckpointError, match=r"params/.* differs from its SHA-256"):
+      runs.load_bundle(run)
+    assert runs.checkpoint_meta(run)["step"] == 20  # the meta item is intact
   # Warns, resumes from step 10, redoes 20 (train_or_load: a final checkpoint that does not
   # load is trained again; its params are intact without meta, so train resumes there).
-  resumed = (train.train_or_load if how == "truncated" else train.train)(config, run)
+  resumed = (train.train if how == "no_meta" else train.train_or_load)(config, run)
   assert "checkpoint step 20" in caplog.text and "damaged" in caplog.text
   assert [p.name.split("-")[:2] for p in run.glob("damaged-*")] == [["damaged", "20"]]
   assert runs.latest_step(run) == 20
   _assert_params_equal(resumed.params, reference.params)
   _assert_params_equal(runs.load_bundle(run).params, reference.params)
+
+
+def test_checkpoint_without_checksums_loads_with_a_warning(target_run, tmp_path, caplog):
+  """A checkpoint saved before checksums were written (none in its folder) still loads."""
+  config, workdir, reference = target_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  for step in ("10", "20"):
+    (run / "checkpoints" / step / runs.CHECKSUMS_FILE).unlink()
+  _assert_params_equal(runs.load_bundle(run).params, reference.params)
+  assert "step 20" in caplog.text and f"no {runs.CHECKSUMS_FILE}" in caplog.text
+  assert "unverified" in caplog.text
+  _assert_params_equal(train.train_or_load(config, run).params, reference.params)
 
 
 def test_no_complete_checkpoint_fails_clearly(target_run, tmp_path):
@@ -172,6 +199,19 @@ def test_no_complete_checkpoint_fails_clearly(target_run, tmp_path):
   with pytest.raises(runs.DamagedCheckpointError, match=r"no complete checkpoint .* \[20, 10\]"):
     train.train(config, run)
   assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["10", "20"]  # moved nothing
+
+
+def test_full_disk_writing_the_run_files_names_the_file(target_run, tmp_path, monkeypatch):
+  config, _, _ = target_run
+  tokenizer = data.load_dataset(config.data).tokenizer
+
+  def full(fd, data):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(os, "write", full)
+  with pytest.raises(OSError, match=r"could not write .*config.json: the disk is full") as error:
+    runs.write_run_files(tmp_path, config, tokenizer)
+  assert error.value.errno == errno.ENOSPC and not list(tmp_path.iterdir())
 
 
 def test_at_least_two_checkpoints_are_kept(cache_dir, tmp_path):
