@@ -4,7 +4,9 @@ A sweep, a training run and a rho ablation hold `exclusive(folder)` while they r
 `fcntl.flock` on `<folder>/.lock`, which the OS releases when the process dies (no stale
 locks after a kill). The lock file holds a JSON record of the holder (PID, host, command,
 start time), so a second run on the same folder stops at once with a message naming it
-(or, with `wait=True`, waits for it to finish).
+(or, with `wait=True`, waits for it to finish). A run that waits waits for every lock it
+takes: `wait=True` holds for the locks taken inside the `with` body too (a sweep's
+training of its pair).
 
 Where a folder cannot be locked (object stores such as gs:// paths, some network file
 systems), `exclusive` warns and runs unlocked: the rule is then the user's to keep, one
@@ -12,6 +14,7 @@ writer per folder (see docs/RELIABILITY.md).
 """
 
 import contextlib
+import contextvars
 import datetime
 import errno
 import fcntl
@@ -28,6 +31,8 @@ LOCK_FILE = ".lock"
 # Folders this process holds (a nested `exclusive` on one of them is a no-op: flock
 # locks of two open files of one process would exclude each other).
 _HELD: set[pathlib.Path] = set()
+# Whether the locks taken now wait: set by a `wait=True` lock for its `with` body.
+_WAIT = contextvars.ContextVar("spectr_lock_wait", default=False)
 
 
 class FolderLockedError(RuntimeError):
@@ -84,14 +89,27 @@ def exclusive(
   Args:
     folder: the output folder (a "scheme://" path is not lockable: a warning, no lock).
     what: what the holder is doing, for the message ("sweep", "training run", ...).
-    wait: wait for the holder to finish instead of raising.
+    wait: wait for the holder to finish instead of raising; also for every lock taken in
+      the `with` body (inside a waiting lock, every lock waits).
     holder: False on the processes of a multi-process run other than process 0 (they
       write nothing; the run locks once).
 
   Raises:
-    FolderLockedError: another process holds the lock (and `wait` is False); the message
+    FolderLockedError: another process holds the lock (and no lock waits); the message
       names its PID, host and command.
   """
+  wait = wait or _WAIT.get()
+  token = _WAIT.set(wait)
+  try:
+    with _exclusive(folder, what, wait, holder):
+      yield
+  finally:
+    _WAIT.reset(token)
+
+
+@contextlib.contextmanager
+def _exclusive(folder: str | os.PathLike, what: str, wait: bool, holder: bool) -> Iterator[None]:
+  """`exclusive` with `wait` decided."""
   if not holder:
     yield
     return

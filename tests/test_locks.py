@@ -74,6 +74,42 @@ def test_rho_ablation_on_a_held_folder_stops_at_once(holder, tmp_path):
   _assert_names_holder(error, pid)
 
 
+_HOLD_BRIEFLY = """
+import pathlib, sys, time
+from spectr_jax import locks
+with locks.exclusive(sys.argv[1], "training run"):
+  print("held", flush=True)
+  time.sleep(3)
+  (pathlib.Path(sys.argv[1]) / "released").touch()
+"""
+
+
+def test_a_waiting_sweep_also_waits_for_the_pair_training(tmp_path, monkeypatch):
+  """--wait holds for every lock a run takes: a sweep waits for the target's training
+  folder (held by another process for 3 s) instead of stopping at it."""
+  workdir = tmp_path / "target"
+  command = [sys.executable, "-c", _HOLD_BRIEFLY, str(workdir)]
+  process = subprocess.Popen(command, cwd=_REPO, stdout=subprocess.PIPE, text=True)
+  assert process.stdout.readline().strip() == "held"
+  config = sweep_config(tmp_path)
+  pair = dataclasses.replace(config.pair, target_workdir=str(workdir), train_missing=True)
+
+  class Trained(Exception):
+    """Raised where the training would start, after its lock is taken."""
+
+  def reached(config, path, stop_at_step):
+    assert (path / "released").exists(), "trained while the other process held the folder"
+    raise Trained
+
+  monkeypatch.setattr(train, "_train", reached)
+  try:
+    with pytest.raises(Trained):
+      experiment.run_sweep(dataclasses.replace(config, pair=pair), wait=True)
+  finally:
+    process.kill()
+    process.wait()
+
+
 def test_lock_is_reentrant_released_and_skipped_off_process_zero(tmp_path):
   with locks.exclusive(tmp_path, "sweep"):
     with locks.exclusive(tmp_path, "rho ablation"):  # nested in one process: no deadlock
