@@ -240,6 +240,45 @@ def _hub_shapes() -> dict[str, tuple[str, dict, int]]:
 HUB_SHAPES: dict[str, tuple[str, dict, int]] = _hub_shapes()
 
 
+def as_transformers5(family: str, config: dict) -> dict:
+  """`config` in the form transformers 5.x writes config.json.
+
+  RoPE settings live only in "rope_parameters" (rope_theta, rope_type and, for llama3, the
+  four scaling keys; no top-level rope_theta or rope_scaling), the dtype is "dtype" (not
+  torch_dtype), Qwen2 (a switched-off window written as null) and Gemma 2 list
+  "layer_types", and Gemma / Gemma 2 state "use_bidirectional_attention" (null). GPT-2 has
+  no RoPE: only its dtype key changes.
+
+  Args:
+    family: one of FAMILIES.
+    config: a config.json dict in the transformers 4.x form (tiny_config, hub_config).
+  Returns:
+    A fresh dict.
+  """
+  out = copy.deepcopy(config)
+  if "torch_dtype" in out:
+    out["dtype"] = out.pop("torch_dtype")
+  out["transformers_version"] = "5.0.0"
+  if family == "gpt2":
+    return out
+  rope = {"rope_theta": out.pop("rope_theta", 10000.0), "rope_type": "default"}
+  scaling = out.pop("rope_scaling", None)
+  if scaling:
+    rope.update({k: v for k, v in scaling.items() if k != "type"})
+    rope["rope_type"] = scaling.get("rope_type", scaling.get("type"))
+  out["rope_parameters"] = rope
+  n = out["num_hidden_layers"]
+  if family == "qwen2":
+    if not out.get("use_sliding_window"):
+      out["sliding_window"] = None
+    out["layer_types"] = ["full_attention"] * n
+  if family in ("gemma", "gemma2"):
+    out["use_bidirectional_attention"] = None
+  if family == "gemma2":
+    out["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+  return out
+
+
 def hub_config(name: str, **overrides) -> tuple[str, dict]:
   """(family, config) with the shapes of a published model (a key of HUB_SHAPES).
 
@@ -466,6 +505,7 @@ def write_checkpoint(
   prefix: str = "",
   scale: float = 1.0,
   generation_config: dict | None = None,
+  transformers5: bool = False,
   return_weights: bool = True,
 ) -> dict[str, np.ndarray]:
   """Writes a random checkpoint of `family` in the Hugging Face layout to `directory`.
@@ -494,6 +534,8 @@ def write_checkpoint(
     scale: multiplies the std of matrices and embeddings.
     generation_config: the generation_config.json dict (default: bos and eos from config,
       eos a list [eos, <eot>] for the llama / qwen2 / gemma families).
+    transformers5: write config.json as transformers 5.x does (as_transformers5: RoPE
+      settings in rope_parameters only); the tensors are the same.
     return_weights: return the values (False returns {}).
   Returns:
     {HF name: float64 array} of every tensor written (buffers and extras included), holding
@@ -549,7 +591,8 @@ def write_checkpoint(
   if num_shards > 1:
     index = {"metadata": {"total_size": sum(size(n) for n in names)}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-  (directory / "config.json").write_text(json.dumps(config, indent=2))
+  written = as_transformers5(family, config) if transformers5 else config
+  (directory / "config.json").write_text(json.dumps(written, indent=2))
   gen = _generation_config(family, config) if generation_config is None else generation_config
   (directory / "generation_config.json").write_text(json.dumps(gen, indent=2))
   if tokenizer:

@@ -5,25 +5,32 @@ listed by `model.safetensors.index.json`) of a Llama-like (llama, mistral), Qwen
 Gemma 2 or GPT-2 model, maps every tensor onto the parameter tree of `Transformer`, and
 returns a `ModelBundle` that the engine decodes like a trained pair. Tensors move to the
 device one at a time (read, reshape, cast, `jax.device_put`, dropped), so the host never
-holds more than the largest tensor beyond the device copy. docs/MODELS.md lists what each
-family reads and what is not supported.
+holds more than the largest tensor beyond the device copy.
+
+Nothing wrong loads in silence: every config.json value the loader reads is checked (sizes
+are bounded positive integers, epsilons positive finite numbers, RoPE settings in the
+transformers 4.x and 5.x forms understood and agreeing), keys it neither reads nor knows
+to be irrelevant (IGNORED_KEYS) are logged, the layer count is checked against the tensor
+names before anything is built, each safetensors header against its file's size, and each
+tensor read is checked to be finite. docs/MODELS.md lists what each family reads and what
+is not supported.
 """
 
-import contextlib
 import dataclasses
 import json
 import math
 import pathlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
 import ml_dtypes
 import numpy as np
+from absl import logging
 from flax import traverse_util
 from jax.sharding import NamedSharding
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from spectr_jax import sharding
 from spectr_jax.models.bundle import ModelBundle
@@ -38,12 +45,105 @@ MODEL_TYPES = (*_LLAMA_LIKE, "gpt2")
 _DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 _TANH_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 
+# config.json keys that no family reads and that do not change the model (bookkeeping,
+# token ids, which spectr_jax.data.HFTokenizer reads, and training or generation switches).
+_IGNORED_BY_EVERY_FAMILY = (
+  "_name_or_path",
+  "architectures",
+  "transformers_version",
+  "transformers.js_config",
+  "bos_token_id",
+  "eos_token_id",
+  "pad_token_id",
+  "initializer_range",
+  "use_cache",
+  "attention_dropout",
+)
+# Per model_type, every config.json key known not to change the model beyond the ones the
+# loader reads. Any other unread key is logged as a warning naming it (docs/MODELS.md lists
+# these keys, generated from this constant and checked by tests/test_pretrained.py).
+IGNORED_KEYS: dict[str, frozenset[str]] = {
+  model_type: frozenset(_IGNORED_BY_EVERY_FAMILY + extra)
+  for model_type, extra in {
+    # pretraining_tp only slices the matmuls; is_llama_config and rope_interleaved are
+    # nanotron's (transformers ignores both and rotates the two halves of each head).
+    "llama": ("pretraining_tp", "is_llama_config", "rope_interleaved"),
+    "mistral": (),
+    # max_window_layers matters only with use_sliding_window, which is refused.
+    "qwen2": ("max_window_layers",),
+    # Gemma and Gemma 2: hidden_act is unused beside hidden_activation (read without it).
+    "gemma": ("hidden_act",),
+    "gemma2": ("hidden_act", "cache_implementation"),
+    # n_ctx duplicates n_positions; the rest are dropout, classification-head and
+    # generation settings, and an attention reordering that changes rounding only.
+    "gpt2": (
+      "n_ctx",
+      "attn_pdrop",
+      "embd_pdrop",
+      "resid_pdrop",
+      "summary_activation",
+      "summary_first_dropout",
+      "summary_proj_to_labels",
+      "summary_type",
+      "summary_use_proj",
+      "task_specific_params",
+      "reorder_and_upcast_attn",
+    ),
+  }.items()
+}
+
+# Upper bounds of the size fields: far above any released model, they stop a typo (1e9
+# layers) before anything is built from it.
+_SIZE_LIMITS = {
+  **dict.fromkeys(
+    ("num_hidden_layers", "n_layer", "num_attention_heads", "num_key_value_heads", "n_head"),
+    1 << 12,
+  ),
+  **dict.fromkeys(("hidden_size", "n_embd", "head_dim", "intermediate_size", "n_inner"), 1 << 20),
+  "vocab_size": 1 << 24,
+  **dict.fromkeys(
+    (
+      "max_position_embeddings",
+      "n_positions",
+      "sliding_window",
+      "sliding_window_size",
+      "original_max_position_embeddings",
+    ),
+    1 << 30,
+  ),
+}
+
+# RoPE types understood, with the keys each takes besides rope_type / type / rope_theta /
+# partial_rotary_factor (in rope_scaling, transformers 4.x, or rope_parameters, 5.x).
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+_ROPE_TYPES = {"default": (), "llama3": _LLAMA3_KEYS}
+_DEFAULT_ROPE_THETA = 10000.0
+
 # Tensors that real checkpoints carry but that are no parameters: skipped by name.
 _BUFFERS = (
   r"(model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq",  # RoPE frequencies (recomputed)
   r"(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)",  # GPT-2's causal mask buffers
 )
 _TIED_HEAD = "lm_head.weight"  # a redundant copy of the embedding in some tied checkpoints
+# The layer index in a stored tensor name, and the config.json key of the layer count.
+_LAYER_INDEX = {
+  "gpt2": (re.compile(r"(?:transformer\.)?h\.(\d+)\."), "n_layer"),
+  "llama-like": (re.compile(r"(?:model\.)?layers\.(\d+)\."), "num_hidden_layers"),
+}
+
+# Bytes per element of the safetensors dtypes; parameters must be one of the float ones.
+_SAFETENSORS_ITEMSIZE = {
+  **dict.fromkeys(("BOOL", "U8", "I8", "F8_E4M3", "F8_E5M2"), 1),
+  **dict.fromkeys(("U16", "I16", "F16", "BF16"), 2),
+  **dict.fromkeys(("U32", "I32", "F32"), 4),
+  **dict.fromkeys(("U64", "I64", "F64"), 8),
+}
+_SAFETENSORS_FLOATS = ("F16", "BF16", "F32", "F64")
+_FINITE_CHUNK = 1 << 22  # elements per finiteness test (a bounded temporary)
+# The exponent bits of the 16-bit floats: a value is NaN or infinite exactly where they are
+# all set (IEEE 754). This test is ~9x (bfloat16) to ~17x (float16) faster than np.isfinite
+# on them; on float32 / float64 np.isfinite is the faster one.
+_EXPONENT_BITS_16 = {"bfloat16": 0x7F80, "float16": 0x7C00}
 
 
 class CheckpointFormatError(ValueError):
@@ -63,130 +163,306 @@ class _Tensor:
   convert: Convert
 
 
-def _get(hf: Mapping[str, Any], key: str, default: Any = ...) -> Any:
+@dataclasses.dataclass(frozen=True)
+class _Stored:
+  """One tensor of a safetensors file as its header describes it."""
+
+  file: pathlib.Path
+  dtype: str
+  shape: tuple[int, ...]
+
+
+class _ReadKeys(Mapping):
+  """config.json as a read-only mapping that records every key looked up (found or not)."""
+
+  def __init__(self, hf: Mapping[str, Any]):
+    self._hf = hf
+    self.read: set[str] = set()
+
+  def __getitem__(self, key: str) -> Any:
+    self.read.add(key)
+    return self._hf[key]
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._hf)
+
+  def __len__(self) -> int:
+    return len(self._hf)
+
+
+# config.json values, each checked and named in the error.
+
+
+def _get(hf: Mapping[str, Any], key: str, default: Any = ..., name: str | None = None) -> Any:
+  """hf[key]; absent or null gives default (none: an error naming `name`, default key)."""
   value = hf.get(key)
   if value is None:
     if default is ...:
-      raise CheckpointFormatError(f"config.json has no {key!r}")
+      raise CheckpointFormatError(f"config.json has no {name or key!r}")
     return default
   return value
+
+
+def _size(hf: Mapping[str, Any], key: str, default: Any = ..., name: str | None = None) -> Any:
+  """A size field: an integer in [1, its limit] (not a bool, float or string)."""
+  value = _get(hf, key, default, name)
+  limit = _SIZE_LIMITS[key]
+  if value is not None and (
+    isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit
+  ):
+    raise CheckpointFormatError(
+      f"config.json: {name or key} must be an integer in [1, {limit}], got {value!r}"
+    )
+  return value
+
+
+def _positive(hf: Mapping[str, Any], key: str, default: Any = ..., name: str | None = None) -> Any:
+  """A positive finite number (an epsilon, a RoPE base or factor, a soft-cap) as a float."""
+  value = _get(hf, key, default, name)
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+    raise CheckpointFormatError(
+      f"config.json: {name or key} must be a positive finite number, got {value!r}"
+    )
+  return float(value)
+
+
+def _flag(hf: Mapping[str, Any], key: str, default: bool) -> bool:
+  value = _get(hf, key, default)
+  if not isinstance(value, bool):
+    raise CheckpointFormatError(f"config.json: {key} must be true or false, got {value!r}")
+  return value
+
+
+def _present(hf: Mapping[str, Any], key: str) -> None:
+  """Refuses a config without `key` (where transformers would fill in a default)."""
+  if key not in hf:
+    raise CheckpointFormatError(
+      f"config.json has no {key!r} (a {hf['model_type']} config states it; null for none)"
+    )
 
 
 def _unsupported(message: str) -> CheckpointFormatError:
   return CheckpointFormatError(f"not supported: {message}")
 
 
-def _rope_scaling(hf: Mapping[str, Any]) -> RopeScaling | None:
-  scaling = hf.get("rope_scaling")
-  if not scaling:
-    return None
-  kind = scaling.get("rope_type", scaling.get("type"))
+# RoPE: transformers 4.x writes rope_theta and rope_scaling, 5.x only rope_parameters.
+
+
+def _rope_dict(rope: Any, source: str) -> tuple[float | None, RopeScaling | None]:
+  """(rope_theta or None, the scaling) of one rope_scaling or rope_parameters dict."""
+  if not isinstance(rope, dict):
+    raise CheckpointFormatError(f"config.json: {source} must be an object, got {rope!r}")
+  per_layer = [key for key, value in rope.items() if isinstance(value, dict)]
+  if per_layer:
+    raise _unsupported(
+      f"{source} per layer type ({', '.join(per_layer)}): one RoPE for every layer only"
+    )
+  kind = rope.get("rope_type", rope.get("type", "default"))
+  if "type" in rope and rope.get("type") != kind:
+    raise CheckpointFormatError(
+      f"config.json: {source} has rope_type {kind!r} and type {rope['type']!r}"
+    )
+  if kind not in _ROPE_TYPES:
+    raise _unsupported(
+      f"{source} rope_type {kind!r} (only {' and '.join(map(repr, _ROPE_TYPES))} are)"
+    )
+  known = {"rope_type", "type", "rope_theta", "partial_rotary_factor", *_ROPE_TYPES[kind]}
+  unknown = sorted(set(rope) - known)
+  if unknown:
+    raise _unsupported(f"{source}.{unknown[0]} with rope_type {kind!r}")
+  partial = rope.get("partial_rotary_factor")
+  if partial is not None and partial != 1.0:
+    raise _unsupported(f"{source}.partial_rotary_factor {partial!r} (RoPE on every dimension)")
+  theta = _positive(rope, "rope_theta", None, f"{source}.rope_theta")
   if kind == "default":
-    return None
-  if kind != "llama3":
-    raise _unsupported(f"rope_scaling type {kind!r} (only 'llama3' and 'default' are)")
-  return RopeScaling(
-    factor=float(scaling["factor"]),
-    low_freq_factor=float(scaling["low_freq_factor"]),
-    high_freq_factor=float(scaling["high_freq_factor"]),
-    original_max_len=int(scaling["original_max_position_embeddings"]),
+    return theta, None
+  factors = {key: _positive(rope, key, name=f"{source}.{key}") for key in _LLAMA3_KEYS[:3]}
+  original = _size(rope, _LLAMA3_KEYS[3], name=f"{source}.{_LLAMA3_KEYS[3]}")
+  try:
+    scaling = RopeScaling(**factors, original_max_len=original)
+  except ValueError as error:
+    raise CheckpointFormatError(f"config.json: {source}: {error}") from error
+  return theta, scaling
+
+
+def _rope(hf: Mapping[str, Any]) -> dict[str, Any]:
+  """rope_base and rope_scaling from either form; where both forms are there, they agree."""
+  partial = hf.get("partial_rotary_factor")
+  if partial is not None and partial != 1.0:
+    raise _unsupported(f"partial_rotary_factor {partial!r} (RoPE on every dimension)")
+  thetas = {"rope_theta": _positive(hf, "rope_theta", None)}
+  scalings = {}
+  for source in ("rope_scaling", "rope_parameters"):
+    if source in hf and (hf[source] is not None or source == "rope_scaling"):
+      # rope_scaling: null states "no scaling"; rope_parameters: null states nothing.
+      theta, scaling = _rope_dict(hf[source] or {}, source)
+      thetas[f"{source}.rope_theta"] = theta
+      scalings[source] = scaling
+  stated = {source: theta for source, theta in thetas.items() if theta is not None}
+  for what, values in (("rope_theta", stated), ("RoPE scaling", scalings)):
+    if len(set(values.values())) > 1:
+      listed = "; ".join(f"{source}: {value}" for source, value in values.items())
+      raise CheckpointFormatError(f"config.json states {what} twice, differently ({listed})")
+  return dict(
+    rope_base=next(iter(stated.values()), _DEFAULT_ROPE_THETA),
+    rope_scaling=next(iter(scalings.values()), None),
   )
 
 
-def _gemma2_sliding(hf: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
-  """Gemma 2's window on the even layers (or what `layer_types` says, if it says that)."""
-  window = hf.get("sliding_window")
+def _layer_types(hf: Mapping[str, Any], num_layers: int) -> list[str] | None:
+  """config.json's layer_types (transformers 5.x writes it), one entry per layer, or None."""
   layer_types = hf.get("layer_types")
-  if layer_types is None:
-    return dict(sliding_window=window, sliding_window_layers="even")
-  even = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
-  if list(layer_types) == even:
-    return dict(sliding_window=window, sliding_window_layers="even")
-  if set(layer_types) == {"full_attention"}:
-    return dict(sliding_window=None)
-  raise _unsupported(f"layer_types {layer_types} (only Gemma 2's alternation is)")
+  if layer_types is not None and (
+    not isinstance(layer_types, list) or len(layer_types) != num_layers
+  ):
+    raise CheckpointFormatError(
+      f"config.json: layer_types must list one type per layer ({num_layers}), got "
+      f"{str(layer_types)[:80]}"
+    )
+  return layer_types
+
+
+def _sliding(hf: Mapping[str, Any], model_type: str, num_layers: int) -> dict[str, Any]:
+  """The sliding-window fields: Mistral's window on every layer, Gemma 2's on the even ones
+  (or what layer_types says, if it says that), none elsewhere."""
+  layer_types = _layer_types(hf, num_layers)
+  window = None
+  if model_type == "qwen2":
+    if _flag(hf, "use_sliding_window", False):
+      raise _unsupported("Qwen2's use_sliding_window (sliding layers from max_window_layers on)")
+    _size(hf, "sliding_window", None)  # named but switched off, as in transformers
+  elif model_type in ("mistral", "gemma2"):
+    if model_type == "gemma2":
+      _present(hf, "sliding_window")
+    window = _size(hf, "sliding_window", None)
+    other = _size(hf, "sliding_window_size", None)
+    if other is not None and other != window:
+      raise CheckpointFormatError(
+        f"config.json: sliding_window {window} and sliding_window_size {other} differ"
+      )
+  if model_type == "gemma2":
+    even = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    if layer_types is None or layer_types == even:
+      return dict(sliding_window=window, sliding_window_layers="even")
+    if set(layer_types) == {"full_attention"}:
+      return dict(sliding_window=None)
+    raise _unsupported(f"layer_types {layer_types} (only Gemma 2's alternation is)")
+  uniform = "sliding_attention" if window is not None else "full_attention"
+  if layer_types is not None and set(layer_types) != {uniform}:
+    raise _unsupported(
+      f"layer_types {sorted(set(layer_types))} in a {model_type} config with sliding_window "
+      f"{window} (only {uniform!r} on every layer is)"
+    )
+  return dict(sliding_window=window)
+
+
+# The families.
 
 
 def _llama_like_fields(hf: Mapping[str, Any], model_type: str) -> dict[str, Any]:
-  d = _get(hf, "hidden_size")
-  h = _get(hf, "num_attention_heads")
+  d = _size(hf, "hidden_size")
+  h = _size(hf, "num_attention_heads")
+  hk = _size(hf, "num_key_value_heads", h)
+  head_dim = _size(hf, "head_dim", None)
+  if head_dim is None:
+    if d % h:
+      raise CheckpointFormatError(
+        f"config.json: hidden_size {d} is no multiple of num_attention_heads {h} (and there "
+        "is no head_dim)"
+      )
+    head_dim = d // h
+  if h % hk:
+    raise CheckpointFormatError(
+      f"config.json: num_attention_heads ({h}) must be a multiple of num_key_value_heads ({hk})"
+    )
   gemma = model_type in ("gemma", "gemma2")
-  if gemma:
-    activation = _get(hf, "hidden_activation", "gelu_pytorch_tanh")
+  if gemma:  # transformers 4.x reads hidden_activation; 5.x's Gemma config has hidden_act
+    key = "hidden_activation" if hf.get("hidden_activation") is not None else "hidden_act"
+    activation = _get(hf, key, "gelu_pytorch_tanh")
     if activation not in _TANH_GELU:
-      raise _unsupported(f"hidden_activation {activation!r} (Gemma's MLP is tanh-GELU here)")
-  elif _get(hf, "hidden_act", "silu") != "silu":
-    raise _unsupported(f"hidden_act {hf['hidden_act']!r} (the {model_type} MLP is SwiGLU)")
-  attention_bias = model_type == "qwen2" or bool(hf.get("attention_bias"))
+      raise _unsupported(f"{key} {activation!r} (Gemma's MLP is tanh-GELU here)")
+  else:
+    activation = _get(hf, "hidden_act", "silu")
+    if activation != "silu":
+      raise _unsupported(f"hidden_act {activation!r} (the {model_type} MLP is SwiGLU)")
+  if _flag(hf, "use_bidirectional_attention", False):
+    raise _unsupported("use_bidirectional_attention (the decoder is causal)")
+  # Qwen2's q/k/v projections always have biases (transformers reads no attention_bias).
+  attention_bias = model_type == "qwen2" or _flag(hf, "attention_bias", False)
+  num_layers = _size(hf, "num_hidden_layers")
   fields = dict(
-    vocab_size=_get(hf, "vocab_size"),
+    vocab_size=_size(hf, "vocab_size"),
     d_model=d,
-    num_layers=_get(hf, "num_hidden_layers"),
+    num_layers=num_layers,
     num_heads=h,
-    num_kv_heads=_get(hf, "num_key_value_heads", h),
-    head_dim=_get(hf, "head_dim", d // h),
-    mlp_dim=_get(hf, "intermediate_size"),
-    rope_base=float(_get(hf, "rope_theta", 10000.0)),
-    norm_eps=float(_get(hf, "rms_norm_eps", 1e-6)),
-    rope_scaling=_rope_scaling(hf),
+    num_kv_heads=hk,
+    head_dim=head_dim,
+    mlp_dim=_size(hf, "intermediate_size"),
+    norm_eps=_positive(hf, "rms_norm_eps", 1e-6),
+    **_rope(hf),
     block="sequential",
     norm="rms_offset" if gemma else "rms",
     mlp="geglu" if gemma else "swiglu",
     qkv_bias=attention_bias,
     out_bias=attention_bias and model_type != "qwen2",
-    mlp_bias=bool(hf.get("mlp_bias")),
+    mlp_bias=_flag(hf, "mlp_bias", False),
     embed_scale=gemma,
-    tied_embedding=bool(_get(hf, "tie_word_embeddings", gemma)),
+    tied_embedding=_flag(hf, "tie_word_embeddings", gemma),
     scale_logits=False,
+    **_sliding(hf, model_type, num_layers),
   )
-  if model_type == "qwen2" and hf.get("use_sliding_window"):
-    raise _unsupported("Qwen2's use_sliding_window (sliding layers from max_window_layers on)")
-  if model_type == "mistral":
-    fields["sliding_window"] = hf.get("sliding_window")
   if model_type == "gemma2":
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+      _present(hf, key)
     fields.update(
       post_norms=True,
-      query_scale=float(_get(hf, "query_pre_attn_scalar")) ** -0.5,
-      attn_softcap=hf.get("attn_logit_softcapping"),
-      final_softcap=hf.get("final_logit_softcapping"),
-      **_gemma2_sliding(hf, fields["num_layers"]),
+      query_scale=_positive(hf, "query_pre_attn_scalar") ** -0.5,
+      attn_softcap=_positive(hf, "attn_logit_softcapping", None),
+      final_softcap=_positive(hf, "final_logit_softcapping", None),
     )
   return fields
 
 
 def _gpt2_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
-  d = _get(hf, "n_embd")
-  h = _get(hf, "n_head")
+  d = _size(hf, "n_embd")
+  h = _size(hf, "n_head")
+  if d % h:
+    raise CheckpointFormatError(f"config.json: n_embd {d} is no multiple of n_head {h}")
   activation = _get(hf, "activation_function", "gelu_new")
   if activation not in _TANH_GELU:
     raise _unsupported(f"activation_function {activation!r} (GPT-2's MLP is tanh-GELU here)")
-  if hf.get("scale_attn_by_inverse_layer_idx") or not _get(hf, "scale_attn_weights", True):
+  if _flag(hf, "scale_attn_by_inverse_layer_idx", False) or not _flag(
+    hf, "scale_attn_weights", True
+  ):
     raise _unsupported("GPT-2 attention scaling other than 1 / sqrt(head_dim)")
   return dict(
-    vocab_size=_get(hf, "vocab_size"),
+    vocab_size=_size(hf, "vocab_size"),
     d_model=d,
-    num_layers=_get(hf, "n_layer"),
+    num_layers=_size(hf, "n_layer"),
     num_heads=h,
     num_kv_heads=h,
     head_dim=d // h,
-    mlp_dim=_get(hf, "n_inner", 4 * d),
-    norm_eps=float(_get(hf, "layer_norm_epsilon", 1e-5)),
+    mlp_dim=_size(hf, "n_inner", 4 * d),
+    norm_eps=_positive(hf, "layer_norm_epsilon", 1e-5),
     block="sequential",
     norm="layernorm",
     mlp="gelu",
     positions="learned",
-    num_positions=_get(hf, "n_positions"),
+    num_positions=_size(hf, "n_positions"),
     qkv_bias=True,
     out_bias=True,
     mlp_bias=True,
-    tied_embedding=bool(_get(hf, "tie_word_embeddings", True)),
+    tied_embedding=_flag(hf, "tie_word_embeddings", True),
     scale_logits=False,
   )
 
 
 def _dtype_name(hf: Mapping[str, Any], dtype: Any) -> str:
+  stored = hf.get("torch_dtype"), hf.get("dtype")  # transformers 5.x writes "dtype"
   if dtype is None:
-    dtype = hf.get("torch_dtype") or hf.get("dtype") or "float32"
+    dtype = stored[0] or stored[1] or "float32"
   name = str(dtype).removeprefix("torch.") if isinstance(dtype, str) else np.dtype(dtype).name
   if name not in _DTYPES:
     raise _unsupported(f"dtype {name!r} (use one of {tuple(_DTYPES)})")
@@ -198,8 +474,11 @@ def config_from_hf(
 ) -> ModelConfig:
   """The `ModelConfig` of a Hugging Face config.json dict.
 
+  Every value read is checked before use (errors name the key); keys that are neither read
+  nor in IGNORED_KEYS are logged as a warning naming them.
+
   Args:
-    hf: the parsed config.json.
+    hf: the parsed config.json (transformers 4.x or 5.x form).
     dtype: the compute (and parameter) dtype; None = the checkpoint's torch_dtype.
     max_len: S, the KV-cache capacity; None = min(max_position_embeddings, DEFAULT_MAX_LEN);
       past max_position_embeddings RoPE models extrapolate, GPT-2 refuses.
@@ -208,8 +487,12 @@ def config_from_hf(
     The config (logits over all vocab_size embedding rows; restrict with output_vocab_size).
 
   Raises:
-    CheckpointFormatError: for an unknown model_type or a feature this decoder lacks.
+    CheckpointFormatError: for an unknown model_type, a feature this decoder lacks, or a
+      value that is missing, malformed or out of bounds.
   """
+  if not isinstance(hf, Mapping):
+    raise CheckpointFormatError(f"config.json must be a JSON object, got {type(hf).__name__}")
+  hf = _ReadKeys(hf)
   model_type = hf.get("model_type")
   if model_type not in MODEL_TYPES:
     raise CheckpointFormatError(
@@ -220,19 +503,28 @@ def config_from_hf(
       raise _unsupported(f"mixture-of-experts layers ({key} = {hf[key]})")
   if hf.get("quantization_config"):
     raise _unsupported("quantized checkpoints (quantization_config)")
+  dtype_name = _dtype_name(hf, dtype)
   fields = _gpt2_fields(hf) if model_type == "gpt2" else _llama_like_fields(hf, model_type)
-  positions = fields.get("num_positions") or _get(hf, "max_position_embeddings")
+  positions = fields.get("num_positions") or _size(hf, "max_position_embeddings")
   if max_len is None:
     max_len = min(positions, DEFAULT_MAX_LEN)
-  if max_len < 1:
-    raise CheckpointFormatError(f"max_len must be >= 1, got {max_len}")
+  if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+    raise CheckpointFormatError(f"max_len must be an integer >= 1, got {max_len!r}")
   # RoPE extrapolates past the trained context (at the user's word); a table cannot.
   if model_type == "gpt2" and max_len > positions:
     raise CheckpointFormatError(
       f"max_len {max_len} exceeds GPT-2's n_positions = {positions} (its position table)"
     )
+  unread = sorted(set(hf) - hf.read - IGNORED_KEYS[model_type])
+  if unread:
+    logging.warning(
+      "config.json (%s) has keys the loader neither reads nor knows to be irrelevant, so the "
+      "model may differ from what they say: %s (docs/MODELS.md lists the keys it ignores)",
+      model_type,
+      ", ".join(unread),
+    )
   try:
-    return ModelConfig(max_len=max_len, dtype=_dtype_name(hf, dtype), **fields)
+    return ModelConfig(max_len=max_len, dtype=dtype_name, **fields)
   except ValueError as error:
     raise CheckpointFormatError(f"config.json: {error}") from error
 
@@ -354,58 +646,154 @@ def _layout(model_type: str, cfg: ModelConfig) -> tuple[str, list[_Tensor]]:
   return prefix, tensors
 
 
+# Files: JSON, safetensors headers, tensors.
+
+
 def _read_json(path: pathlib.Path) -> dict[str, Any]:
   if not path.is_file():
     raise FileNotFoundError(f"no {path.name} in {path.parent}")
   try:
-    return json.loads(path.read_text())
-  except json.JSONDecodeError as error:
+    value = json.loads(path.read_text())
+  except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
     raise CheckpointFormatError(f"{path} is not valid JSON: {error}") from error
+  if not isinstance(value, dict):
+    raise CheckpointFormatError(f"{path} must hold a JSON object, not a {type(value).__name__}")
+  return value
 
 
-def _tensor_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:
-  """{stored tensor name: its safetensors file} from model.safetensors or the index."""
+def _damaged(file: pathlib.Path, message: str) -> CheckpointFormatError:
+  return CheckpointFormatError(f"{file} is not a whole safetensors file: {message}")
+
+
+def _read_header(file: pathlib.Path) -> dict[str, _Stored]:
+  """The tensors of one safetensors file, its header checked against the file's size.
+
+  Reads the header only: an 8-byte little-endian length, then that many bytes of JSON with
+  each tensor's dtype, shape and data_offsets (into the data that follows, without holes).
+  """
+  size = file.stat().st_size
+  with open(file, "rb") as f:
+    length = int.from_bytes(f.read(8), "little")
+    if size < 8 or length > size - 8:
+      raise _damaged(file, f"{size} bytes cannot hold the header of {length} bytes it announces")
+    raw = f.read(length)
+  try:
+    header = json.loads(raw)
+  except ValueError as error:
+    raise _damaged(file, f"its header is not JSON ({error})") from error
+  if not isinstance(header, dict):
+    raise _damaged(file, "its header is not a JSON object")
+  tensors, spans = {}, []
+  for name, entry in header.items():
+    if name == "__metadata__":
+      continue
+    try:
+      dtype, shape, (start, stop) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+      numbers = (*shape, start, stop)
+      valid = dtype in _SAFETENSORS_ITEMSIZE and all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers
+      )
+    except (TypeError, KeyError, ValueError):
+      valid = False
+    if not valid:
+      raise _damaged(file, f"tensor {name!r} has the header entry {entry!r}")
+    nbytes = math.prod(shape) * _SAFETENSORS_ITEMSIZE[dtype]
+    if stop - start != nbytes:
+      raise _damaged(
+        file,
+        f"tensor {name!r} ({dtype} {list(shape)}, {nbytes} bytes) spans bytes [{start}, {stop})",
+      )
+    tensors[name] = _Stored(file, dtype, shape)
+    spans.append((start, stop, name))
+  end = 0
+  for start, stop, name in sorted(spans):
+    if start != end:
+      raise _damaged(file, f"tensor {name!r} starts at byte {start} of the data, not {end}")
+    end = stop
+  if 8 + length + end != size:
+    raise _damaged(file, f"{size} bytes, but its header accounts for {8 + length + end}")
+  return tensors
+
+
+def _stored_tensors(directory: pathlib.Path) -> dict[str, _Stored]:
+  """{stored tensor name: its file, dtype and shape} from model.safetensors or the index;
+  every file's header checked against its size."""
   index = directory / "model.safetensors.index.json"
-  if index.is_file():
-    weight_map = _read_json(index).get("weight_map")
-    if not isinstance(weight_map, dict):
-      raise CheckpointFormatError(f"{index} has no weight_map")
-    files = {name: directory / file for name, file in weight_map.items()}
-  elif (directory / "model.safetensors").is_file():
-    with safe_open(directory / "model.safetensors", framework="numpy") as f:
-      return {name: directory / "model.safetensors" for name in f.keys()}
-  else:
+  single = directory / "model.safetensors"
+  if not index.is_file():
+    if single.is_file():
+      return _read_header(single)
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {directory}")
+  weight_map = _read_json(index).get("weight_map")
+  if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+    raise CheckpointFormatError(f"{index} has no weight_map of tensor names to file names")
+  files = {name: directory / file for name, file in weight_map.items()}
+  headers = {}
   for file in sorted(set(files.values())):
     if not file.is_file():
       raise FileNotFoundError(f"{file.name}, listed in {index.name}, is missing in {directory}")
-  return files
+    headers[file] = _read_header(file)
+  for name, file in files.items():
+    if name not in headers[file]:
+      raise CheckpointFormatError(f"tensor {name!r}, listed in {index.name}, is not in {file}")
+  return {name: headers[file][name] for name, file in files.items()}
+
+
+def _check_layer_count(model_type: str, num_layers: int, stored: Mapping[str, _Stored]) -> None:
+  """Refuses a layer count that the tensor names contradict (before any layout is built)."""
+  pattern, key = _LAYER_INDEX["gpt2" if model_type == "gpt2" else "llama-like"]
+  found = sorted({int(m.group(1)) for name in stored if (m := pattern.match(name))})
+  if found != list(range(num_layers)):
+    held = f"{len(found)} layers ({found[0]}..{found[-1]})" if found else "no layers"
+    raise CheckpointFormatError(
+      f"config.json has {key} = {num_layers}, but the safetensors hold {held}"
+    )
 
 
 def _match(
-  files: Mapping[str, pathlib.Path], prefix: str, tensors: list[_Tensor], tied: bool
+  stored: Mapping[str, _Stored], prefix: str, tensors: list[_Tensor], tied: bool
 ) -> dict[str, str]:
   """{layout name: stored name}; raises for a missing or an unexpected tensor."""
   wanted = {t.name for t in tensors}
-  stored, unexpected = {}, []
-  for name in files:
+  names, unexpected = {}, []
+  for name in stored:
     short = name.removeprefix(prefix)
-    if short in wanted and short not in stored:
-      stored[short] = name
+    if short in wanted and short not in names:
+      names[short] = name
     elif not any(re.fullmatch(p, name) for p in _BUFFERS) and not (tied and name == _TIED_HEAD):
       unexpected.append(name)
   if unexpected:
     name = unexpected[0]
     raise CheckpointFormatError(
-      f"unexpected tensor {name!r} in {files[name].name} ({len(unexpected)} in all): not part "
-      "of this model_type / config.json (or stored twice)"
+      f"unexpected tensor {name!r} in {stored[name].file.name} ({len(unexpected)} in all): not "
+      "part of this model_type / config.json (or stored twice)"
     )
-  missing = [t.name for t in tensors if t.name not in stored]
+  missing = [t.name for t in tensors if t.name not in names]
   if missing:
-    names = ", ".join(repr(n if n == _TIED_HEAD else prefix + n) for n in missing[:3])
-    shards = ", ".join(sorted({f.name for f in files.values()}))
-    raise CheckpointFormatError(f"missing tensor {names} ({len(missing)} in all) in {shards}")
-  return stored
+    listed = ", ".join(repr(n if n == _TIED_HEAD else prefix + n) for n in missing[:3])
+    shards = ", ".join(sorted({s.file.name for s in stored.values()}))
+    raise CheckpointFormatError(f"missing tensor {listed} ({len(missing)} in all) in {shards}")
+  return names
+
+
+def _read_tensor(name: str, file: pathlib.Path) -> np.ndarray:
+  # One open per tensor: closing unmaps the file, so its pages leave this process.
+  try:
+    with safe_open(file, framework="numpy") as f:
+      return f.get_tensor(name)
+  except SafetensorError as error:
+    raise CheckpointFormatError(f"{file}: cannot read tensor {name!r}: {error}") from error
+
+
+def _all_finite(x: np.ndarray) -> bool:
+  """No NaN or infinity in x (a compact array: ravel is a view), in bounded chunks."""
+  flat = x.ravel(order="K")
+  chunks = range(0, flat.size, _FINITE_CHUNK)
+  exponent = _EXPONENT_BITS_16.get(flat.dtype.name)
+  if exponent is None:
+    return all(np.isfinite(flat[i : i + _FINITE_CHUNK]).all() for i in chunks)
+  bits = flat.view(np.uint16)
+  return all((bits[i : i + _FINITE_CHUNK] & np.uint16(exponent)).max() != exponent for i in chunks)
 
 
 def load_pretrained(
@@ -431,36 +819,45 @@ def load_pretrained(
 
   Raises:
     FileNotFoundError: config.json or a weights file is missing.
-    CheckpointFormatError: unknown model_type, unsupported feature, missing or
-      unexpected tensor, or a tensor whose shape config.json contradicts.
+    CheckpointFormatError: unknown model_type, unsupported feature, a bad config.json
+      value, a safetensors file whose header does not match its size, a layer count the
+      tensor names contradict, a missing, unexpected, misshapen or non-float tensor, or a
+      tensor holding NaN or infinity (also after the cast to dtype).
   """
   path = pathlib.Path(directory).expanduser()
   hf = _read_json(path / "config.json")
   config = config_from_hf(hf, dtype, max_len)
+  stored = _stored_tensors(path)  # headers only: no tensor data is read here
+  _check_layer_count(hf["model_type"], config.num_layers, stored)
   prefix, tensors = _layout(hf["model_type"], config)
-  files = _tensor_files(path)
-  stored = _match(files, prefix, tensors, config.tied_embedding)
+  names = _match(stored, prefix, tensors, config.tied_embedding)
+  for t in tensors:
+    name = names[t.name]
+    s = stored[name]
+    if s.dtype not in _SAFETENSORS_FLOATS:
+      raise CheckpointFormatError(
+        f"tensor {name!r} in {s.file.name} is {s.dtype}, not a float type "
+        f"({', '.join(_SAFETENSORS_FLOATS)})"
+      )
+    if s.shape != t.shape:
+      raise CheckpointFormatError(
+        f"tensor {name!r} in {s.file.name} has shape {s.shape}; config.json implies {t.shape}"
+      )
   np_dtype = _DTYPES[config.dtype]
   flat = {}
-  with contextlib.ExitStack() as stack:  # headers only: no tensor data is read here
-    headers = {
-      file: stack.enter_context(safe_open(file, framework="numpy"))
-      for file in sorted(set(files.values()))
-    }
-    for t in tensors:
-      name = stored[t.name]
-      shape = tuple(headers[files[name]].get_slice(name).get_shape())
-      if shape != t.shape:
-        raise CheckpointFormatError(
-          f"tensor {name!r} in {files[name].name} has shape {shape}; config.json implies {t.shape}"
-        )
   for t in tensors:
-    name = stored[t.name]
-    # One open per tensor: closing unmaps the file, so its pages leave this process.
-    with safe_open(files[name], framework="numpy") as f:
-      stored_array = f.get_tensor(name)
+    name = names[t.name]
+    file = stored[name].file
+    stored_array = _read_tensor(name, file)
+    if not _all_finite(stored_array):
+      raise CheckpointFormatError(f"tensor {name!r} in {file.name} holds NaN or infinity")
     for param_path, value in t.convert(stored_array).items():
-      value = np.asarray(value, np_dtype)
+      with np.errstate(over="ignore"):  # an overflow to float16 is refused just below
+        value = np.asarray(value, np_dtype)
+      if np_dtype == np.float16 and stored_array.dtype != np.float16 and not _all_finite(value):
+        raise CheckpointFormatError(
+          f"tensor {name!r} in {file.name} has values beyond the range of float16"
+        )
       if mesh is None:
         flat[param_path] = jax.device_put(value)
       else:
