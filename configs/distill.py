@@ -57,19 +57,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.log_every = 3
   if arg.steps:
     c.num_steps = arg.steps
-  c.distill = ml_collections.ConfigDict()
   c.distill.target_workdir = "target" + suffix  # The frozen target's run directory.
   c.distill.init_workdir = "" if arg.scratch else "draft" + suffix  # Start from this run.
-  c.distill.divergence = arg.divergence  # forward_kl, reverse_kl, tv or jsd.
-  c.distill.skew = 0.5  # jsd: the target's weight in the mixture.
+  c.distill.divergence = arg.divergence
   c.distill.data = arg.data.replace("+", ",")  # Row sources: corpus, target, on_policy, a mix.
-  c.distill.temperature = 1.0  # The decoding transform the draft serves (the sweeps').
-  c.distill.top_k = 0  # 0 = all tokens.
-  c.distill.top_p = 1.0  # 1.0 = no truncation.
-  c.distill.prompt_len = 8  # Training-row tokens that open each sampled row.
-  c.distill.sample_tokens = 64  # Tokens sampled after them (the sweeps decode 64).
-  c.distill.eval_prompts = 64  # Held-out prompts of the alignment metrics.
-  c.distill.eval_tokens = 64  # Target samples after each.
   if arg.test:
     c.distill.prompt_len = 4
     c.distill.sample_tokens = 12

@@ -18,6 +18,7 @@ import pathlib
 import ml_collections
 
 from configs import common, lm1b_spectr
+from spectr_jax.config import PairConfig
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -25,8 +26,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = common.parse_arg(arg, draft="draft", target="target", prompts=100, seeds=3)
   c = lm1b_spectr.get_config()
   c.name = "distill-" + pathlib.Path(arg.draft).name  # Results folder name.
-  c.pair = ml_collections.ConfigDict()
-  c.pair.kind = "trained"  # Existing run directories, read as they are.
+  c.pair = PairConfig.defaults()  # "trained": existing run directories, read as they are.
   c.pair.draft_workdir = arg.draft  # The draft under test.
   c.pair.target_workdir = arg.target  # The frozen target it was distilled against.
   c.methods = ("sd", "kseq")  # sd at K = 1, K-SEQ (SpecTr) at K = 8.

@@ -24,14 +24,11 @@ import ml_collections
 
 from configs import common, distill, draft, pretrained, target
 from spectr_jax import config as config_lib
+from spectr_jax import methods
 
-# The paper's methods, the optimal verifier and the block-level verifiers
-# (docs/BLOCK_VERIFICATION.md), as far as this build has them.
-METHODS = tuple(
-  m
-  for m in ("autoregressive", "sd", "kseq", "specinfer", "optimal", "block", "gbv")
-  if m in config_lib.METHODS
-)
+# Every registered method: the paper's, the optimal verifier, the block-level verifiers
+# (docs/BLOCK_VERIFICATION.md) and any added to `spectr_jax.methods`.
+METHODS = methods.names()
 
 # The ARG items every sweep config takes (configs/rho_ablation.py too).
 ARGS = dict(runlocal=False, test=False, source="embedded", path="", plain_draft=False)
@@ -43,45 +40,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = common.parse_arg(arg, **ARGS)
   pair_arg = "test" if arg.test else f"source={arg.source},path={arg.path}"
   suffix = "-test" if arg.test else ("" if arg.source == "embedded" else f"-{arg.source}")
-  c = ml_collections.ConfigDict()
-  c.name = "lm1b_spectr" + suffix + ("-plain" if arg.plain_draft else "")  # Results go to
-  # $SPECTR_WORKDIR/experiments/<name>.
-  c.results_dir = ""  # Overrides that directory (relative to $SPECTR_WORKDIR unless absolute).
-  c.pair = ml_collections.ConfigDict()
-  c.pair.kind = "embedded"  # "embedded" (trained here), "trained" (run dirs) or "pretrained".
-  c.pair.target = target.get_config(pair_arg)  # Training config of the target.
-  c.pair.target_workdir = "target" + suffix  # The target's run directory.
-  c.pair.train_missing = False  # Train a model whose final checkpoint is missing.
+  c = config_lib.SweepConfig.defaults()  # Every field, documented in SweepConfig.
+  c.name = "lm1b_spectr" + suffix + ("-plain" if arg.plain_draft else "")
+  c.pair.kind = "embedded"  # Trained by this repository from the configs below.
+  c.pair.target = target.get_config(pair_arg)
+  c.pair.target_workdir = "target" + suffix
   if arg.test or arg.plain_draft:  # The test pair and the baseline: the plain draft.
-    c.pair.draft = draft.get_config(pair_arg)  # Training config of the draft.
-    c.pair.draft_workdir = "draft" + suffix  # The draft's run directory (under $SPECTR_WORKDIR).
+    c.pair.draft = draft.get_config(pair_arg)
+    c.pair.draft_workdir = "draft" + suffix
   else:  # The draft distilled against the target (docs/DISTILLATION.md), from the plain one.
     distill_arg = pair_arg + (",runlocal" if arg.runlocal else "")  # runlocal: 100 steps.
-    c.pair.draft = distill.get_config(distill_arg)  # Training config of the draft.
+    c.pair.draft = distill.get_config(distill_arg)
     c.pair.draft_workdir = "draft-distill" + ("-runlocal" if arg.runlocal else "") + suffix
     c.pair.draft_base = draft.get_config(pair_arg)  # The plain draft it starts from (in
     # $SPECTR_WORKDIR/draft<suffix>; the ARG item plain_draft decodes with it instead).
-  c.methods = METHODS  # Decoding methods.
-  c.num_drafts = (1, 2, 4, 8)  # K (K = 1 is "sd"; multi-draft methods take K >= 2).
-  c.draft_lens = (2, 4, 8)  # L, draft tokens per round.
-  c.rhos = ("star",)  # K-SEQ split factors: "star", "k" or numbers >= 1.
-  c.seeds = (0, 1, 2)  # Each seed draws its own prompt set and decoding randomness.
-  c.decoding = ml_collections.ConfigDict()
-  c.decoding.temperature = 1.0  # Sampling temperature of both models.
-  c.decoding.top_k = 0  # Keep the top_k most likely tokens (0 = all).
-  c.decoding.top_p = 1.0  # Nucleus mass (1.0 = no truncation).
-  c.decoding.num_prompts = 1000  # Held-out sentence starts decoded per seed.
-  c.decoding.prompt_len = 8  # Sentence tokens per prompt (after BOS).
-  c.decoding.max_new_tokens = 64  # Tokens generated per prompt.
-  c.decoding.stop_at_eos = False  # Stop a row at EOS (False: decode on into the next sentence).
-  c.batch_size = 200  # Prompts per engine call (split over all devices when shard).
-  c.shard = True  # Split each batch over all devices of all hosts (a data mesh).
-  c.mesh_model = 1  # Devices per "model" group: parameters and caches split by the rules
-  # of spectr_jax.sharding (rows go over the data = devices / mesh_model groups).
-  c.device_memory = ""  # Memory per device for the check before compiling: a name of
-  # spectr_jax.memory.DEVICE_MEMORY ("tpu-v5e", "h100", ...), GiB ("16"), or "" = what the
-  # device reports (none on CPU: the arithmetic is printed, not checked).
-  c.compilation_cache = "jax_cache"  # Persistent XLA cache dir ("" = none).
+  c.decoding.num_prompts = 1000
   if arg.runlocal:
     c.name += "-runlocal"
     c.draft_lens = (4, 8)

@@ -18,6 +18,8 @@ from typing import Any
 
 import ml_collections
 
+from spectr_jax.config import PairConfig
+
 # name: (draft, target, what the sizes below are meant for, batch size, cache capacity S).
 PAIRS: dict[str, tuple[str, str, str, int, int]] = {
   "smollm2": ("SmolLM2-135M", "SmolLM2-1.7B", "one 16 GB GPU", 64, 256),
@@ -174,12 +176,10 @@ def apply(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
     raise ValueError(f"unknown pretrained pair {arg.pair!r}; known: {', '.join(PAIRS)}")
   draft, target, _, batch_size, max_len = PAIRS[arg.pair]
   c.name += f"-{arg.pair}"  # Results of each pair in their own folder.
-  c.pair = ml_collections.ConfigDict()
+  c.pair = PairConfig.defaults()
   c.pair.kind = "pretrained"  # Hugging Face checkpoint directories, never trained.
-  c.pair.draft_workdir = arg.draft_dir or f"models/{draft}"  # The draft's checkpoint dir.
-  c.pair.target_workdir = arg.target_dir or f"models/{target}"  # The target's checkpoint dir.
-  c.pair.train_missing = False  # Nothing is trained for a pretrained pair.
-  c.pair.dtype = ""  # Parameter / compute dtype ("" = as stored, bf16 for these models).
+  c.pair.draft_workdir = arg.draft_dir or f"models/{draft}"
+  c.pair.target_workdir = arg.target_dir or f"models/{target}"
   c.pair.max_len = max_len  # KV-cache capacity S: prompt + new tokens + L + 1 must fit.
   c.pair.text = arg.source  # Held-out sentences that prompts start (tokenized here).
   c.pair.text_path = arg.path  # Their directory (lm1b_text / tfds).

@@ -12,25 +12,22 @@ Two parts on the same pair and prompts (ARG as in `configs/lm1b_spectr.py`):
 import ml_collections
 
 from configs import common, lm1b_spectr
+from spectr_jax import methods
+from spectr_jax.config import RhoAblationConfig
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the ablation config (`spectr_jax.config.RhoAblationConfig.from_dict`)."""
   parsed = common.parse_arg(arg, **lm1b_spectr.ARGS)
-  c = ml_collections.ConfigDict()
+  c = RhoAblationConfig.defaults()  # Every field, documented in spectr_jax.config.
   c.sweep = lm1b_spectr.get_config(arg)  # The decoding sweep: pair, prompts, sampling.
   c.sweep.name = c.sweep.name.replace("lm1b_spectr", "rho_ablation")  # Its results dir.
   c.sweep.rhos = ("star", "k", 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0)  # Strategies (rho <= K).
   c.sweep.num_drafts = (2, 4, 8)  # K of the decoding sweep.
   c.sweep.draft_lens = (4,)  # L of the decoding sweep.
   c.sweep.methods = tuple(  # K-SEQ and the token-level reference methods.
-    m for m in lm1b_spectr.METHODS if m not in ("block", "gbv")
+    m for m in lm1b_spectr.METHODS if methods.get(m).level != "block"
   )
-  c.analysis = ml_collections.ConfigDict()
-  c.analysis.num_drafts = (2, 4, 8)  # K of the per-position analysis.
-  c.analysis.num_prompts = 256  # First prompts of the sweep's first seed that are sampled.
-  c.analysis.num_tokens = 64  # Target samples per prompt (positions per prompt).
-  c.analysis.batch_size = 32  # Prompts per sampling call.
   if parsed.runlocal:
     c.sweep.rhos = ("star", "k", 1.0, 1.5, 2.0, 3.0)
     c.sweep.num_drafts = (4,)

@@ -7,7 +7,7 @@ from absl import app
 from ml_collections import config_flags
 
 from spectr_jax import evaluate, runs
-from spectr_jax.config import EvalConfig
+from spectr_jax.config import EvalConfig, parse_flags
 from spectr_jax.data import default_workdir
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/eval_pair.py", "Evaluation config.")
@@ -28,4 +28,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -11,7 +11,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from spectr_jax import experiment, report, results
-from spectr_jax.config import SweepConfig
+from spectr_jax.config import SweepConfig, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep or rho ablation config file.")
 _RESULTS_DIR = flags.DEFINE_string("results_dir", "", "Results directory (default: the config's).")
@@ -35,4 +35,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -11,7 +11,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from spectr_jax import analysis, runs, sharding
-from spectr_jax.config import RhoAblationConfig
+from spectr_jax.config import RhoAblationConfig, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Rho ablation config file.")
 _WAIT = flags.DEFINE_bool("wait", False, "Wait for another run holding the output folder.")
@@ -30,4 +30,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

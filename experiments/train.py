@@ -11,7 +11,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from spectr_jax import runs, train
-from spectr_jax.config import TrainConfig
+from spectr_jax.config import TrainConfig, parse_flags
 from spectr_jax.data import default_workdir
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
@@ -30,4 +30,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -36,7 +36,6 @@ _EXPORTS = {
   "generate": "engine",
   "GenerateOutput": "engine",
   "DecodeStats": "engine",
-  "METHODS": "engine",
   "verify_block": "verify",
   "kseq": "verify",
   "specinfer": "verify",

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import checks
+from spectr_jax import checks, methods
 
 RHO_MODES = ("star", "k", "fixed")
 _BISECTION_ITERS = 32
@@ -126,17 +126,17 @@ def kseq_plan(p_V, q_V, k, rho_mode: str = "star", rho_value=None) -> KSeqPlan:
 def split_rho(rho) -> tuple[str, jax.Array]:
   """Splits the public `rho` argument into a static mode and a (traceable) value.
 
-  `rho` is "star", "k", or a number / scalar array (a fixed split factor).
+  `rho` is "star", "k", or a number / scalar array (a fixed split factor), checked by
+  `methods.check_rho` (the one parser of rho) unless it is traced.
   """
-  if isinstance(rho, str):
-    if rho not in ("star", "k"):
-      raise ValueError(f"unknown rho {rho!r}: expected 'star', 'k' or a number >= 1")
-    return rho, jnp.float32(0.0)
-  if not isinstance(rho, jax.core.Tracer):
-    value = np.asarray(rho)
-    if value.shape != () or not np.isfinite(value) or value < 1:
-      raise ValueError(f"a fixed rho must be a finite scalar >= 1, got {rho!r}")
-  return "fixed", jnp.asarray(rho, jnp.float32)
+  if isinstance(rho, jax.core.Tracer):
+    return "fixed", jnp.asarray(rho, jnp.float32)
+  if np.ndim(rho) != 0:
+    raise ValueError(f"a fixed rho must be a finite number >= 1, got {rho!r}")
+  value = methods.check_rho(rho if isinstance(rho, str) else np.asarray(rho).item())
+  if isinstance(value, str):
+    return value, jnp.float32(0.0)
+  return "fixed", jnp.float32(value)
 
 
 class KSeqAcceptance(NamedTuple):
@@ -272,6 +272,14 @@ def kseq_acceptance_X(p_XxV, q_XxV, k, rho="star") -> KSeqAcceptance:
   _check_X(p_XxV, q_XxV, k)
   mode, value = split_rho(rho)
   return _kseq_X(p_XxV, q_XxV, k, value, rho_mode=mode)
+
+
+def overlap_X(p_XxV, q_XxV, k: int = 1) -> jax.Array:
+  """Single-draft acceptance sum_x min(p(x), q(x)) at X positions: [X] (k must be 1)."""
+  _check_X(p_XxV, q_XxV, k)
+  if int(k) != 1:
+    raise ValueError(f"single-draft acceptance takes k = 1, got {k}")
+  return overlap(jnp.asarray(p_XxV), jnp.asarray(q_XxV))
 
 
 @functools.partial(jax.jit, static_argnums=2)

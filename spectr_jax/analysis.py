@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from spectr_jax import acceptance, engine, experiment, locks, pairs, results, sampling
+from spectr_jax import engine, experiment, locks, methods, pairs, results, sampling
 from spectr_jax.config import (
   AnalysisConfig,
   DecodeSettings,
@@ -34,8 +34,6 @@ from spectr_jax.config import (
 )
 from spectr_jax.data import EOS_ID, RESERVED, Prompts, SpecialIds, make_prompts
 from spectr_jax.models import ModelBundle
-
-_VALID_TOL = 1e-6
 
 
 def next_token_probs(
@@ -151,6 +149,19 @@ def collect_trajectories(
   return Trajectories(tokens_BxW, p_BxTxV, q_BxTxV, in_sentence_BxT)
 
 
+def _fields(result) -> dict[str, np.ndarray]:
+  """A closed form's result as arrays: its fields (e.g. `acceptance.KSeqAcceptance`), or
+  {"hit": result} for a plain array."""
+  if hasattr(result, "_asdict"):
+    return {f: np.asarray(v) for f, v in result._asdict().items()}
+  return {"hit": np.asarray(result)}
+
+
+def _multi_draft() -> list[methods.Method]:
+  """The multi-draft methods of the registry with a closed-form acceptance, in order."""
+  return [m for m in methods.METHODS.values() if m.multi_draft and m.acceptance]
+
+
 def position_metrics(
   p_XxV: jax.Array, q_XxV: jax.Array, k: int, rhos: Sequence[str | float]
 ) -> dict[str, dict[str, np.ndarray]]:
@@ -159,30 +170,39 @@ def position_metrics(
   Args:
     p_XxV, q_XxV: draft and target distributions at X positions.
     k: number of drafts.
-    rhos: K-SEQ split factors ("star", "k" or numbers; numbers are clipped to [1, k]).
+    rhos: split factors of the methods that take one ("star", "k" or numbers; numbers
+      are clipped to [1, k]).
 
   Returns:
-    {strategy name: {"hit", "p_accept", "deficit", "rho"} arrays [X]} for each rho, plus
-    "specinfer" and "optimal" ({"hit"}), "single" ({"hit"}: one draft) and "rho*"'s
-    split factor under "rho_star" ({"rho"}).
+    {strategy name: arrays [X]} for every multi-draft method of the registry with a
+    closed form (methods with a split factor: one strategy per rho, named by
+    `results.strategy_name`, with "hit", "p_accept", "deficit", "rho"; the others by
+    method name with "hit"), "single" ({"hit"}: one draft), "optimal" ({"hit"}: the
+    bound alpha* of i.i.d. drafts) and rho*'s split factor under "rho_star" ({"rho"}).
   """
   out = {}
-  for rho in dict.fromkeys((*rhos, "star")):
-    result = acceptance.kseq_acceptance_X(p_XxV, q_XxV, k, rho)
-    out[results.strategy_name(rho)] = {f: np.asarray(getattr(result, f)) for f in result._fields}
+  for method in _multi_draft():
+    closed_form = method.acceptance_function()
+    if not method.takes_rho:
+      out[method.name] = _fields(closed_form(p_XxV, q_XxV, k))
+      continue
+    for rho in dict.fromkeys((*rhos, "star")):
+      out[results.strategy_name(rho)] = _fields(closed_form(p_XxV, q_XxV, k, rho))
   out["rho_star"] = {"rho": out["rho*"]["rho"]}
   if "star" not in rhos:
     del out["rho*"]
-  out["single"] = {"hit": np.asarray(acceptance.overlap(p_XxV, q_XxV))}
-  out["specinfer"] = {"hit": np.asarray(acceptance.specinfer_acceptance_X(p_XxV, q_XxV, k))}
-  out["optimal"] = {"hit": np.asarray(acceptance.optimal_acceptance_X(p_XxV, q_XxV, k))}
+  single = [m for m in methods.METHODS.values() if m.speculative and m.max_drafts == 1]
+  out["single"] = _fields(single[0].acceptance_function()(p_XxV, q_XxV, 1))
+  bound = methods.resolve(methods.DRAFTING["iid"].bound)
+  out["optimal"] = {"hit": np.asarray(bound(p_XxV, q_XxV, k))}
   return out
 
 
 def summarize_metrics(
   metrics: Mapping[str, Mapping[str, np.ndarray]], k: int, rhos: Sequence[str | float]
 ) -> list[dict[str, Any]]:
-  """One row per strategy (the rhos, then SpecInfer and the bound) from `position_metrics`.
+  """One row per strategy (as `position_metrics` names them, in registry order) from
+  `position_metrics`.
 
   Each row: K, strategy, acceptance (mean hit probability), optimal (mean alpha*), gap
   (optimal - acceptance), p_accept (mean accept-branch probability), mean_rho, below_star
@@ -191,8 +211,11 @@ def summarize_metrics(
   """
   optimal_X = metrics["optimal"]["hit"]
   rho_star_X = metrics["rho_star"]["rho"]
+  names = []
+  for method in _multi_draft():
+    names += [results.strategy_name(r) for r in rhos] if method.takes_rho else [method.name]
   rows = []
-  for name in [results.strategy_name(r) for r in rhos] + ["specinfer", "optimal"]:
+  for name in names:
     m = metrics[name]
     row = {
       "K": k,
@@ -207,7 +230,7 @@ def summarize_metrics(
         p_accept=float(np.mean(m["p_accept"])),
         mean_rho=float(np.mean(m["rho"])),
         below_star=float(np.mean(m["rho"] < rho_star_X - 1e-6)),
-        invalid=float(np.mean(m["deficit"] > _VALID_TOL)),
+        invalid=float(np.mean(m["deficit"] > methods.OVERSHOOT_TOL)),
         mean_deficit=float(np.mean(m["deficit"])),
       )
     rows.append(row)

@@ -41,19 +41,16 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from spectr_jax import acceptance, checks, optimal
+from spectr_jax import acceptance, checks, methods, optimal
+from spectr_jax.methods import BlockVerdict
 from spectr_jax.sampling import categorical
 
 __all__ = [
-  "METHODS",
   "BlockPlan",
   "block_plan",
   "block_verify",
-  "check_method",
   "verify_paths",
 ]
-
-METHODS = ("block", "gbv")
 
 
 class BlockPlan(NamedTuple):
@@ -124,15 +121,16 @@ def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, select_u_Lx2) -> BlockPlan:
   )
 
 
-def verify_paths(key, drafts_KxL, p_KxLxV, q_KxL1xV):
-  """`block_verify` without its input checks (for use inside jit; "gbv", or "block" at
-  K = 1): (tokens_L1, num_tokens, BlockPlan)."""
+def _verify(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> tuple[BlockVerdict, BlockPlan]:
   draft_len = drafts_KxL.shape[1]
   select_key, stop_key, residual_key = jax.random.split(key, 3)
   plan = block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, jax.random.uniform(select_key, (draft_len, 2)))
-  eta_L1 = jax.random.uniform(stop_key, (draft_len + 1,)).at[0].set(0.0)
+  # tau = the last index whose stop test succeeds, eta_i < h_i with eta_i in [0, 1): a stop
+  # probability of 0 never succeeds (even at eta = 0.0) and one of 1 always does; index 0
+  # always succeeds (h_0 = 1).
+  eta_L1 = jax.random.uniform(stop_key, (draft_len + 1,))
   index_L1 = jnp.arange(draft_len + 1)
-  tau = jnp.max(jnp.where(eta_L1 <= plan.stop_L1, index_L1, 0))
+  tau = jnp.max(jnp.where(eta_L1 < plan.stop_L1, index_L1, 0))
   w_tau = plan.weight_L1[tau]
   target_V = plan.target_L1xV[tau]
   residual_V = acceptance.residual(w_tau * target_V, plan.draft_L1xV[tau])
@@ -140,20 +138,19 @@ def verify_paths(key, drafts_KxL, p_KxLxV, q_KxL1xV):
   y = categorical(residual_key, jnp.where(tau == draft_len, target_V, residual_V))
   path_L1 = jnp.concatenate([plan.path_L, jnp.zeros((1,), jnp.int32)])
   tokens_L1 = jnp.where(index_L1 < tau, path_L1, 0).at[tau].set(y)
-  return tokens_L1.astype(jnp.int32), (tau + 1).astype(jnp.int32), plan
+  verdict = BlockVerdict(
+    tokens_L1.astype(jnp.int32), (tau + 1).astype(jnp.int32), plan.survivors_L1
+  )
+  return verdict, plan
 
 
-@jax.jit
-def _verify_jit(key, drafts_KxL, p_KxLxV, q_KxL1xV):
-  return verify_paths(key, drafts_KxL, p_KxLxV, q_KxL1xV)
+def verify_paths(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockVerdict:
+  """`block_verify` without its input checks (the block-level verify function of "gbv",
+  and of "block" at K = 1, for use inside jit)."""
+  return _verify(key, drafts_KxL, p_KxLxV, q_KxL1xV)[0]
 
 
-def check_method(method: str, num_drafts: int) -> None:
-  """Raises a clear error for an unknown method or a K that the method cannot take."""
-  if method not in METHODS:
-    raise ValueError(f"unknown block verification method {method!r}; expected one of {METHODS}")
-  if method == "block" and num_drafts != 1:
-    raise ValueError(f"method 'block' verifies a single draft, got K = {num_drafts}")
+_verify_jit = jax.jit(_verify)
 
 
 def block_verify(key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method: str = "gbv", return_plan=False):
@@ -173,9 +170,11 @@ def block_verify(key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method: str = "gbv", ret
     1 <= num_tokens <= L + 1; the emitted tokens follow the target's sequence law.
   """
   checks.shape("drafts_KxL", drafts_KxL, (None, None))
-  check_method(method, drafts_KxL.shape[0])
+  if methods.get(method).level != "block":
+    raise ValueError(f"{method!r} is not a block-level method; expected 'block' or 'gbv'")
+  methods.get(method).check_drafts(drafts_KxL.shape[0])
   checks.block("block_verify", drafts_KxL, p_KxLxV, q_KxL1xV)
-  tokens_L1, num_tokens, plan = _verify_jit(key, drafts_KxL, p_KxLxV, q_KxL1xV)
+  verdict, plan = _verify_jit(key, drafts_KxL, p_KxLxV, q_KxL1xV)
   if return_plan:
-    return tokens_L1, num_tokens, plan
-  return tokens_L1, num_tokens
+    return verdict.tokens_L1, verdict.num_tokens, plan
+  return verdict.tokens_L1, verdict.num_tokens

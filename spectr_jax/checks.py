@@ -11,6 +11,10 @@ _SUM_TOL = 1e-3
 _NEG_TOL = 1e-6
 
 
+class NonFiniteError(ValueError):
+  """A model's outputs were not finite (e.g. parameters damaged on disk or diverged)."""
+
+
 def is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
@@ -94,6 +98,42 @@ def integer_dtype(name: str, x) -> None:
   dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
   if not np.issubdtype(dtype, np.integer):
     raise ValueError(f"{name} must hold integers, got dtype {dtype}")
+
+
+def int32_values(name: str, x, low: int | None = None, high: int | None = None) -> None:
+  """Checks that `x` holds integers (any integer dtype, never a float or bool that would
+  be cast) and, when concrete, that every entry fits int32 and lies in [low, high]."""
+  dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+  if not np.issubdtype(dtype, np.integer):
+    raise ValueError(f"{name} must hold integers, got dtype {dtype}")
+  if not is_concrete(x):
+    return
+  values = np.asarray(x)
+  if not values.size:
+    return
+  info = np.iinfo(np.int32)
+  low = info.min if low is None else max(low, info.min)
+  high = info.max if high is None else min(high, info.max)
+  if values.min() < low or values.max() > high:
+    raise ValueError(
+      f"{name} must hold integers in [{low}, {high}], got {values.min()}..{values.max()}"
+    )
+
+
+def prng_key(name: str, key) -> None:
+  """Checks that `key` is one PRNG key: a typed key array (`jax.random.key`) or a raw
+  uint32[2] key (`jax.random.PRNGKey`), not an int seed or a batch of keys."""
+  dtype = getattr(key, "dtype", None)
+  if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    if np.shape(key) != ():
+      raise ValueError(f"{name} must be one PRNG key, got a batch of shape {np.shape(key)}")
+    return
+  if dtype == np.uint32 and np.shape(key) == (2,):
+    return
+  raise ValueError(
+    f"{name} must be a PRNG key such as jax.random.key(0), got {type(key).__name__}"
+    + (f" of dtype {dtype} and shape {np.shape(key)}" if dtype is not None else "")
+  )
 
 
 def token_ids(name: str, ids, vocab_size: int) -> None:

@@ -1,9 +1,15 @@
 """The configuration boundary: every frozen dataclass the library takes, built in one place.
 
 Config files (`configs/*.py`) return `ml_collections.ConfigDict`s; the entry points turn
-them into these dataclasses with the `from_dict` builders here (`ConfigDict.to_dict()`
-or saved JSON in, a validated, frozen config out), and nothing below the entry points
-reads a ConfigDict.
+them into these dataclasses with `from_dict` (`ConfigDict.to_dict()` or saved JSON in, a
+validated, frozen config out), and nothing below the entry points reads a ConfigDict.
+
+One schema: every field is declared once, here, with its type, default and meaning.
+Config files start from `Cls.defaults()` (a ConfigDict of the defaults, nested configs
+nested) and set what differs; `from_dict` builds any of these classes from a nested
+mapping by the field types (unknown fields are errors naming the field). This module
+and the registry it validates method names with (`spectr_jax.methods`) import no JAX,
+so loading a config file does not either.
 
   TrainConfig        one training run (model, data, optimizer, logistics).
   DistillConfig      its distillation part: the frozen target, divergence, data sources.
@@ -18,30 +24,144 @@ reads a ConfigDict.
 """
 
 import dataclasses
+import importlib.util
 import json
 import math
 import numbers
 import pathlib
+import sys
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spectr_jax import acceptance, engine, memory
+import ml_collections
+
+from spectr_jax import methods
 from spectr_jax.data import EOS_ID, DataConfig, default_workdir
 from spectr_jax.models import ModelConfig, get_model_config
 
-METHODS = engine.METHODS  # "autoregressive" and every method of `verify.METHODS`.
+METHODS = methods.names()  # Every method of the registry (`spectr_jax.methods`).
 PAIR_KINDS = ("embedded", "trained", "pretrained")
 DIVERGENCES = ("forward_kl", "reverse_kl", "tv", "jsd")
 DISTILL_SOURCES = ("corpus", "target", "on_policy")
 
+GIB = 2**30
+# Nominal HBM per chip / GPU (the usable limit a device reports is a little lower).
+DEVICE_MEMORY: Mapping[str, int] = {
+  "tpu-v4": 32 * GIB,
+  "tpu-v5e": 16 * GIB,
+  "tpu-v5p": 95 * GIB,
+  "tpu-v6e": 32 * GIB,
+  "a100-40gb": 40 * GIB,
+  "a100-80gb": 80 * GIB,
+  "h100": 80 * GIB,
+  "h200": 141 * GIB,
+}
 
-def _known(cls, values: Mapping[str, Any]) -> dict[str, Any]:
-  """`values` as a dict, with a clear error for names that are not fields of `cls`."""
+
+def device_memory_bytes(name: str) -> int:
+  """The bytes of a device memory setting: a key of `DEVICE_MEMORY` (e.g. "tpu-v5e") or
+  a positive number of GiB (e.g. "16"); a clear error otherwise."""
+  if name.lower() in DEVICE_MEMORY:
+    return DEVICE_MEMORY[name.lower()]
+  try:
+    gib = float(name)
+  except ValueError:
+    gib = 0.0
+  if not 0 < gib < math.inf:
+    raise ValueError(
+      f"device memory must be a number of GiB or one of {', '.join(DEVICE_MEMORY)}, got {name!r}"
+    )
+  return int(gib * GIB)
+
+
+def _dataclass_of(hint: Any) -> tuple[type | None, bool]:
+  """(the dataclass a field type names, whether None is allowed) for `X` or `X | None`."""
+  if dataclasses.is_dataclass(hint):
+    return hint, False
+  if typing.get_origin(hint) in (typing.Union, types.UnionType):
+    args = typing.get_args(hint)
+    found = [a for a in args if dataclasses.is_dataclass(a)]
+    if len(found) == 1:
+      return found[0], type(None) in args
+  return None, False
+
+
+def build(cls: type, values: Mapping[str, Any], where: str = "") -> Any:
+  """An instance of the config dataclass `cls` from a nested mapping (a
+  `ConfigDict.to_dict()` or saved JSON): nested config fields are built from their
+  mappings (an optional one from an empty mapping or None is None), tuple fields from
+  sequences, mapping fields from mappings; the classes validate in `__post_init__`.
+
+  Raises:
+    ValueError: naming a field that `cls` (at `where`, e.g. "SweepConfig.decoding") lacks.
+  """
+  where = where or cls.__name__
   values = dict(values)
-  unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+  fields = {f.name for f in dataclasses.fields(cls)}
+  unknown = set(values) - fields
   if unknown:
-    raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}")
-  return values
+    raise ValueError(f"unknown {where} fields {sorted(unknown)}; known: {sorted(fields)}")
+  hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+  for name, value in values.items():
+    hint = hints[name]
+    nested, optional = _dataclass_of(hint)
+    if nested is not None and not isinstance(value, nested):
+      if optional and not value:
+        values[name] = None
+      elif isinstance(value, Mapping):
+        values[name] = build(nested, value, f"{where}.{name}")
+      else:
+        raise ValueError(f"{where}.{name} must be a mapping of {nested.__name__} fields")
+    elif typing.get_origin(hint) is tuple and not isinstance(value, str | bytes):
+      values[name] = tuple(value)
+    elif typing.get_origin(hint) in (Mapping, dict) and isinstance(value, Mapping):
+      values[name] = dict(value)
+  return cls(**values)
+
+
+def _plain(value: Any) -> Any:
+  """Mappings as dicts, recursively (for JSON and ConfigDicts)."""
+  if isinstance(value, Mapping):
+    return {k: _plain(v) for k, v in value.items()}
+  return value
+
+
+class Schema:
+  """What every config dataclass here shares: `from_dict`, `to_dict` and `defaults`."""
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]):
+    """Builds the config from a nested mapping (see `build`)."""
+    return build(cls, values)
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-able nested dict; `from_dict` inverts it."""
+    return _plain(dataclasses.asdict(self))
+
+  @classmethod
+  def defaults(cls) -> ml_collections.ConfigDict:
+    """A ConfigDict of every field at its default (nested configs nested): the skeleton
+    a config file starts from."""
+    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    values = {}
+    for f in dataclasses.fields(cls):
+      nested, optional = _dataclass_of(hints[f.name])
+      if nested is not None and not optional:
+        # A nested config's own field defaults (no instance is built: nothing is read).
+        values[f.name] = (
+          nested.defaults().to_dict()
+          if issubclass(nested, Schema)
+          else dataclasses.asdict(nested())
+        )
+      elif f.default is not dataclasses.MISSING:
+        values[f.name] = f.default
+      elif f.default_factory is not dataclasses.MISSING:
+        values[f.name] = f.default_factory()
+      else:
+        raise TypeError(f"{cls.__name__}.{f.name} has no default")
+    return ml_collections.ConfigDict(_plain(values))
 
 
 def _integers(name: str, values: Sequence[Any], low: int) -> None:
@@ -51,7 +171,7 @@ def _integers(name: str, values: Sequence[Any], low: int) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class DistillConfig:
+class DistillConfig(Schema):
   """Distillation of the trained model (the draft) against a frozen target.
 
   Off when `target_workdir` is "" (plain next-token training). On, every step scores its
@@ -173,7 +293,7 @@ class DistillConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Schema):
   """Everything that decides a training run.
 
   Attributes:
@@ -237,21 +357,6 @@ class TrainConfig:
           f"{self.data.seq_len} (sampled rows are at most as long as training rows)"
         )
 
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
-    """Builds a config from a nested mapping (a `ConfigDict.to_dict()` or saved JSON)."""
-    values = _known(cls, values)
-    data = DataConfig(**dict(values.pop("data", {})))
-    overrides = dict(values.pop("model_overrides", {}))
-    distill = DistillConfig(**_known(DistillConfig, values.pop("distill", {})))
-    return cls(data=data, model_overrides=overrides, distill=distill, **values)
-
-  def to_dict(self) -> dict[str, Any]:
-    """Returns a JSON-able nested dict; `from_dict` inverts it."""
-    values = dataclasses.asdict(self)
-    values["model_overrides"] = dict(self.model_overrides)
-    return values
-
   def model_config(self) -> ModelConfig:
     """Returns the model's hyper-parameters."""
     return get_model_config(self.model, self.data.vocab_size, **self.model_overrides)
@@ -269,7 +374,7 @@ def resolve(path: str | pathlib.Path) -> pathlib.Path:
 
 
 @dataclasses.dataclass(frozen=True)
-class PairConfig:
+class PairConfig(Schema):
   """Where a draft/target pair comes from.
 
   Attributes:
@@ -294,9 +399,9 @@ class PairConfig:
     text_path: the directory of that source ("lm1b_text", "tfds").
   """
 
-  kind: str
-  draft_workdir: str
-  target_workdir: str
+  kind: str = "trained"
+  draft_workdir: str = "draft"
+  target_workdir: str = "target"
   draft: TrainConfig | None = None
   target: TrainConfig | None = None
   train_missing: bool = False
@@ -327,17 +432,6 @@ class PairConfig:
         "distill.init_workdir (the plain draft's run directory)"
       )
 
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "PairConfig":
-    """Builds the config from a nested mapping (a `ConfigDict.to_dict()`)."""
-    values = _known(cls, values)
-    for role in ("draft", "target", "draft_base"):
-      if values.get(role):
-        values[role] = TrainConfig.from_dict(values[role])
-      else:
-        values[role] = None
-    return cls(**values)
-
   @property
   def workdirs(self) -> tuple[pathlib.Path, pathlib.Path]:
     """The draft's and the target's directories, resolved."""
@@ -361,7 +455,7 @@ class PairConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeSettings:
+class DecodeSettings(Schema):
   """How prompts are drawn and decoded (everything of a cell but method, K, L, rho, seed).
 
   Attributes:
@@ -396,11 +490,6 @@ class DecodeSettings:
     object.__setattr__(self, "top_k", int(self.top_k))
     object.__setattr__(self, "top_p", float(self.top_p))
 
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "DecodeSettings":
-    """Builds the settings from a mapping (a `ConfigDict.to_dict()`)."""
-    return cls(**_known(cls, values))
-
   def sampling_args(self, eos_ids: Sequence[int] = (EOS_ID,)) -> dict[str, Any]:
     """The `engine.generate` arguments these settings fix: temperature, top_k, top_p,
     eos_id (None where there is no truncation or no stop token).
@@ -416,63 +505,107 @@ class DecodeSettings:
     )
 
 
-def check_rho(rho: str | float) -> str | float:
-  """A K-SEQ split factor as the grid stores it: "star", "k" or a float >= 1.
-
-  Raises ValueError otherwise (the check is `acceptance.split_rho`'s, the one parser).
-  """
-  acceptance.split_rho(rho)
-  return rho if isinstance(rho, str) else float(rho)
-
-
 def rhos_for(rhos: Sequence[str | float], k: int) -> list[str | float]:
   """The strategies that differ at k drafts: a fixed rho above k would be clipped to k."""
   return [r for r in rhos if isinstance(r, str) or r <= k]
 
 
-@dataclasses.dataclass(frozen=True)
-class SweepConfig:
-  """A sweep (see `configs/lm1b_spectr.py` for the meaning of every field)."""
+def _nonempty(name: str, values: Sequence[Any]) -> None:
+  if not values:
+    raise ValueError(f"{name} is empty: the sweep would have no cells of it")
+  if len(set(values)) != len(values):
+    raise ValueError(f"{name} lists a value twice: {tuple(values)}")
 
-  name: str
-  results_dir: str
-  pair: PairConfig
-  methods: tuple[str, ...]
-  num_drafts: tuple[int, ...]
-  draft_lens: tuple[int, ...]
-  rhos: tuple[str | float, ...]
-  seeds: tuple[int, ...]
-  decoding: DecodeSettings
-  batch_size: int
-  shard: bool
-  compilation_cache: str
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig(Schema):
+  """A decoding sweep: the grid methods x K x L x rho x seeds over one pair.
+
+  Attributes:
+    name: the sweep's name; results go to $SPECTR_WORKDIR/experiments/<name>.
+    results_dir: overrides that directory (relative to $SPECTR_WORKDIR unless absolute).
+    pair: the draft/target pair.
+    methods: decoding methods (names of the registry, `spectr_jax.methods`).
+    num_drafts: K values (multi-draft methods run at K >= 2: at K = 1 they are their
+      single-draft method, e.g. "kseq" is "sd").
+    draft_lens: L, draft tokens per round.
+    rhos: split factors of the methods that take one (K-SEQ): "star", "k" or numbers
+      >= 1 (a number above K is skipped at that K: it would be clipped to K).
+    seeds: each seed draws its own prompt set and decoding randomness.
+    decoding: how prompts are drawn and decoded.
+    batch_size: prompts per engine call (split over all devices when `shard`).
+    shard: split each batch over all devices of all hosts (a data mesh).
+    compilation_cache: persistent XLA cache directory ("" = none).
+    mesh_model: devices per "model" group: parameters and caches split by the rules of
+      `spectr_jax.sharding` (rows go over the data = devices / mesh_model groups).
+    device_memory: memory per device for the check before compiling: a name of
+      `DEVICE_MEMORY` ("tpu-v5e", "h100", ...), GiB ("16"), or "" = what the device
+      reports (none on CPU: the arithmetic is printed, not checked).
+    refuse_inexact: stop (without saving it) at a cell whose verifier was not exact at
+      some position (a fixed rho below what the position needs); by default such cells
+      are saved and every report ranks them apart, marked as not exact.
+  """
+
+  name: str = "sweep"
+  results_dir: str = ""
+  pair: PairConfig = PairConfig()
+  methods: tuple[str, ...] = METHODS
+  num_drafts: tuple[int, ...] = (1, 2, 4, 8)
+  draft_lens: tuple[int, ...] = (2, 4, 8)
+  rhos: tuple[str | float, ...] = ("star",)
+  seeds: tuple[int, ...] = (0, 1, 2)
+  decoding: DecodeSettings = DecodeSettings()
+  batch_size: int = 200
+  shard: bool = True
+  compilation_cache: str = "jax_cache"
   mesh_model: int = 1
   device_memory: str = ""
+  refuse_inexact: bool = False
 
   def __post_init__(self):
-    unknown = set(self.methods) - set(METHODS)
+    unknown = [m for m in self.methods if m not in METHODS]
     if unknown:
-      raise ValueError(f"unknown methods {sorted(unknown)}; this build has {METHODS}")
+      raise ValueError(f"unknown methods {unknown}; this build has {METHODS}")
+    for name in ("methods", "num_drafts", "draft_lens", "rhos", "seeds"):
+      _nonempty(name, getattr(self, name))
     for rho in self.rhos:
       try:
-        check_rho(rho)
+        methods.check_rho(rho)
       except ValueError:
-        raise ValueError(f"rho must be 'star', 'k' or a number >= 1, got {rho!r}") from None
+        raise ValueError(f"rhos: rho must be 'star', 'k' or a number >= 1, got {rho!r}") from None
     _integers("batch_size", [self.batch_size], 1)
     _integers("mesh_model", [self.mesh_model], 1)
     if self.mesh_model > 1 and not self.shard:
       raise ValueError(f"mesh_model = {self.mesh_model} needs shard = True (a mesh)")
     if self.device_memory:
-      memory.device_bytes(self.device_memory)  # A known name or a number of GiB.
+      device_memory_bytes(self.device_memory)
     _integers("num_drafts", self.num_drafts, 1)
     _integers("draft_lens", self.draft_lens, 1)
     _integers("seeds", self.seeds, 0)
+    self._check_grid()
     self._check_models()
+
+  def _check_grid(self) -> None:
+    """Every method gets cells: no combination of the grid drops a method's cells."""
+    for method in map(methods.get, self.methods):
+      ks = method.grid_drafts(self.num_drafts)
+      if not ks:
+        raise ValueError(
+          f"num_drafts {self.num_drafts} gives method {method.name!r} no cell: it runs at "
+          f"K >= 2 (at K = 1 it is {method.single!r}); add a K >= 2 or drop the method"
+        )
+      for k in ks if method.takes_rho else ():
+        if not rhos_for(self.rhos, k):
+          raise ValueError(
+            f"rhos {self.rhos} give method {method.name!r} no cell at K = {k} (a fixed rho "
+            f"above K is skipped); add 'star', 'k' or a rho <= {k}"
+          )
 
   def _check_models(self) -> None:
     """The grid against the pair's models (vocabulary, max_len), before any is loaded."""
     settings = self.decoding
-    longest = max(self.draft_lens) if set(self.methods) - {"autoregressive"} else 0
+    speculative = any(methods.get(m).speculative for m in self.methods)
+    longest = max(self.draft_lens) if speculative else 0
     needed = settings.prompt_len + 1 + settings.max_new_tokens + longest + 1
     for model in self.pair.model_configs():
       if settings.top_k > model.vocab_size:
@@ -485,16 +618,6 @@ class SweepConfig:
           f"exceeds the pair's max_len {model.max_len}"
         )
 
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "SweepConfig":
-    """Builds the config from a nested mapping (a `ConfigDict.to_dict()`)."""
-    values = _known(cls, values)
-    values["pair"] = PairConfig.from_dict(values["pair"])
-    values["decoding"] = DecodeSettings.from_dict(values["decoding"])
-    for name in ("methods", "num_drafts", "draft_lens", "rhos", "seeds"):
-      values[name] = tuple(values[name])
-    return cls(**values)
-
   @property
   def results_path(self) -> pathlib.Path:
     """The directory of results.jsonl ($SPECTR_WORKDIR/experiments/<name> by default)."""
@@ -502,36 +625,37 @@ class SweepConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class AnalysisConfig:
+class AnalysisConfig(Schema):
   """The per-position part of the rho ablation (see `configs/rho_ablation.py`).
 
   The prompts are the first `num_prompts` of the sweep's prompt set for its first seed;
   rhos and decoding settings are the sweep's.
+
+  Attributes:
+    num_drafts: K of the per-position analysis.
+    num_prompts: first prompts of the sweep's first seed that are sampled.
+    num_tokens: target samples per prompt (positions per prompt).
+    batch_size: prompts per sampling call.
   """
 
-  num_drafts: tuple[int, ...]
-  num_prompts: int
-  num_tokens: int
-  batch_size: int
+  num_drafts: tuple[int, ...] = (2, 4, 8)
+  num_prompts: int = 256
+  num_tokens: int = 64
+  batch_size: int = 32
 
   def __post_init__(self):
+    _nonempty("analysis.num_drafts", self.num_drafts)
     _integers("analysis.num_drafts", self.num_drafts, 1)
     for name in ("num_prompts", "num_tokens", "batch_size"):
       _integers(f"analysis.{name}", [getattr(self, name)], 1)
 
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "AnalysisConfig":
-    """Builds the config from a mapping (a `ConfigDict.to_dict()`)."""
-    values = _known(cls, values)
-    return cls(**dict(values, num_drafts=tuple(values["num_drafts"])))
-
 
 @dataclasses.dataclass(frozen=True)
-class RhoAblationConfig:
+class RhoAblationConfig(Schema):
   """The block-level sweep and the per-position analysis of `configs/rho_ablation.py`."""
 
-  sweep: SweepConfig
-  analysis: AnalysisConfig
+  sweep: SweepConfig = dataclasses.field(default_factory=SweepConfig)
+  analysis: AnalysisConfig = AnalysisConfig()
 
   def __post_init__(self):
     if self.analysis.num_prompts > self.sweep.decoding.num_prompts:
@@ -540,15 +664,9 @@ class RhoAblationConfig:
         f"({self.sweep.decoding.num_prompts})"
       )
 
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "RhoAblationConfig":
-    """Builds the config from a nested mapping (a `ConfigDict.to_dict()`)."""
-    values = _known(cls, values)
-    return cls(SweepConfig.from_dict(values["sweep"]), AnalysisConfig.from_dict(values["analysis"]))
-
 
 @dataclasses.dataclass(frozen=True)
-class EvalConfig:
+class EvalConfig(Schema):
   """What `evaluate.evaluate_pair` measures.
 
   Attributes:
@@ -570,7 +688,43 @@ class EvalConfig:
   temperature: float = 1.0
   seed: int = 0
 
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "EvalConfig":
-    """Builds the config from a mapping (a `ConfigDict.to_dict()`)."""
-    return cls(**_known(cls, values))
+
+def _config_file(spec: str) -> ml_collections.ConfigDict:
+  """The ConfigDict of a `--config PATH[:ARG]` value (as ml_collections loads it)."""
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("_config_file", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(*([arg] if arg else []))
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+  """absl's flag parsing for the entry points (`app.run(main, flags_parser=parse_flags)`),
+  with a clear error for an override of a field the config does not have
+  (`--config.decoding.foo=1`, which ml_collections reports as AttributeError: "'foo'").
+
+  Returns:
+    The arguments left after the flags (as `flags.FLAGS(argv)`).
+  """
+  from absl import flags  # the entry points' parser (absl is not needed to build configs)
+
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError) as error:
+    args = [a.partition("=") for a in argv[1:]]
+    files = {  # --config=FILE or --config FILE
+      name[2:]: value if eq else (argv[i + 2] if i + 2 < len(argv) else "")
+      for i, (name, eq, value) in enumerate(args)
+      if name.startswith("--") and "." not in name
+    }
+    for name, _, _ in args:
+      flag, _, path = name[2:].partition(".")
+      if not path or flag not in files:
+        continue
+      node, where = _config_file(files[flag]), f"--{flag}"
+      for key in path.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or key not in node:
+          fields = ", ".join(sorted(node)) if isinstance(node, ml_collections.ConfigDict) else ""
+          sys.exit(f"{name}: {where} has no field {key!r}" + (f" ({fields})" if fields else ""))
+        node, where = node[key], f"{where}.{key}"
+    raise error

@@ -31,14 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spectr_jax import acceptance, checks, rounds, sharding, verify
-from spectr_jax.models import ModelBundle
+from spectr_jax import acceptance, checks, methods, rounds, sharding, verify
+from spectr_jax.models import ModelBundle, check_params
 from spectr_jax.rounds import DecodeSpec, DecodeStats, Traced
 from spectr_jax.sharding import DATA_AXIS
 
-__all__ = ["METHODS", "DecodeSpec", "DecodeStats", "GenerateOutput", "compiled_program", "generate"]
-
-METHODS = ("autoregressive",) + verify.METHODS
+__all__ = ["DecodeSpec", "DecodeStats", "GenerateOutput", "compiled_program", "generate"]
 
 
 class GenerateOutput(NamedTuple):
@@ -109,11 +107,10 @@ def compiler_options(mesh: jax.sharding.Mesh | None = None) -> dict[str, bool]:
 
 def _check_method(draft, target, method, num_drafts, draft_len, rho):
   """The method, K, L, rho and the draft (see `generate`)."""
-  if method not in METHODS:
-    raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+  record = methods.get(method)
   for name, value, low in (("num_drafts", num_drafts, 1), ("draft_len", draft_len, 0)):
     checks.integer(name, value, low)
-  if method != "autoregressive":
+  if record.speculative:
     if draft is None:
       raise ValueError(f"method {method!r} needs a draft model")
     verify.check_method(method, num_drafts)
@@ -124,7 +121,7 @@ def _check_method(draft, target, method, num_drafts, draft_len, rho):
         f"draft and target vocabularies differ: {draft.config.num_logits} vs "
         f"{target.config.num_logits}"
       )
-  fixed = method == "kseq" and not isinstance(rho, str) and checks.is_concrete(rho)
+  fixed = record.takes_rho and not isinstance(rho, str) and checks.is_concrete(rho)
   if fixed and np.ndim(rho) == 0 and np.isfinite(rho):
     if float(rho) > num_drafts:
       raise ValueError(f"rho must be 'star', 'k' or a number in [1, K = {num_drafts}], got {rho}")
@@ -168,14 +165,19 @@ def _check_prompts(vocab_size, prompts, prompt_lengths, prompt_ids):
       raise ValueError(
         f"prompt_lengths must lie in [1, {width}], got {lengths.min()}..{lengths.max()}"
       )
+  checks.int32_values("prompt_lengths", prompt_lengths)
   if prompt_ids is not None:
     checks.shape("prompt_ids", prompt_ids, (b,))
-    checks.integer_dtype("prompt_ids", prompt_ids)
+    checks.int32_values("prompt_ids", prompt_ids)
 
 
-def _check_inputs(draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
+def _check_inputs(key, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
                   max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids):  # fmt: skip
+  checks.prng_key("key", key)
   _check_method(draft, target, method, num_drafts, draft_len, rho)
+  for name, bundle in (("target", target), ("draft", draft if draft_len else None)):
+    if bundle is not None:
+      check_params(bundle, name)
   _check_sampling(target.config.num_logits, max_new_tokens, temperature, top_k, top_p, eos_id)
   _check_prompts(target.config.vocab_size, prompts, prompt_lengths, prompt_ids)
   needed = np.shape(prompts)[1] + max_new_tokens + draft_len + 1
@@ -221,14 +223,16 @@ def generate(
     target: the target model bundle.
     prompts: B x P int token ids, right-padded.
     prompt_lengths: B ints in [1, P].
-    method: "autoregressive" (target only, one token per round), "sd" (K = 1),
-      "kseq" (SpecTr), "specinfer", or any other method of `verify.METHODS`.
+    method: a name of the method registry (`spectr_jax.methods`): "autoregressive"
+      (target only, one token per round), "sd" (K = 1), "kseq" (SpecTr), "specinfer",
+      "optimal", "block" (K = 1), "gbv".
     num_drafts: K. draft_len: L (ignored by "autoregressive").
     max_new_tokens: T, tokens generated per row (fewer when EOS is emitted).
     temperature: >= 0 (traced; 0 is greedy). top_k: static int or None.
     top_p: in (0, 1] or None (traced). eos_id: stop token, a sequence of stop tokens
       (any of them ends a row) or None.
-    rho: K-SEQ split factor "star", "k" or a number (traced).
+    rho: the split factor of methods that take one (K-SEQ): "star", "k" or a number
+      (traced); ignored by the others.
     prompt_ids: B ints naming the prompts for the randomness (default 0..B-1).
     mesh: optional `sharding.make_mesh` mesh: rows are split over "data" (the batch is
       padded to a multiple of its size), parameters and caches over "model" by
@@ -259,15 +263,17 @@ def _prepare(
   max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids, mesh,
 ):  # fmt: skip
   """Checks the inputs of `generate`; returns its program, the placed arguments and B."""
-  if method == "autoregressive":
+  if not methods.get(method).speculative:
     num_drafts, draft_len = 1, 0
-  _check_inputs(draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
+  _check_inputs(key, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
                 max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids)  # fmt: skip
   if mesh is not None and DATA_AXIS not in mesh.axis_names:
     raise ValueError(
       f"the mesh needs a {DATA_AXIS!r} axis (sharding.make_mesh), got axes {mesh.axis_names}"
     )
   rho_mode, rho_value = acceptance.split_rho(rho)
+  if not methods.get(method).takes_rho:  # not part of the program: one compile for any rho
+    rho_mode, rho_value = "", jnp.float32(0.0)
   spec = DecodeSpec(
     method=method,
     num_drafts=num_drafts,

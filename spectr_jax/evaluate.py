@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import acceptance, analysis, runs, train
+from spectr_jax import acceptance, analysis, checks, runs, train
 from spectr_jax.config import EvalConfig
 from spectr_jax.data import BOS_ID, PAD_ID, Dataset, Prompts, heldout_rows, make_prompts
 from spectr_jax.models import ModelBundle, count_params
@@ -142,6 +142,12 @@ def evaluate_pair(
   prompts = make_prompts(dataset.heldout, config.num_prompts, config.prompt_len, config.seed)
   draft_nll = train.heldout_loss(draft, rows, config.batch_size)
   target_nll = train.heldout_loss(target, rows, config.batch_size)
+  for name, nll in (("draft", draft_nll), ("target", target_nll)):
+    if not np.isfinite(nll):
+      raise checks.NonFiniteError(
+        f"the {name} model's held-out loss is {nll}: its logits are not finite (its "
+        "parameters may be damaged); nothing is evaluated"
+      )
   teacher = teacher_forced_acceptance(draft, target, rows, config.batch_size, config.temperature)
   sampled, per_position, sampled_positions = sampled_acceptance(
     draft, target, prompts, config.num_tokens, jax.random.key(config.seed), config.temperature

@@ -29,10 +29,14 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from spectr_jax import engine, locks, memory, pairs, results, runs, sharding
-from spectr_jax.config import DecodeSettings, SweepConfig, check_rho, resolve, rhos_for
+from spectr_jax import checks, engine, locks, memory, methods, pairs, results, runs, sharding
+from spectr_jax.config import DecodeSettings, SweepConfig, resolve, rhos_for
 from spectr_jax.data import make_prompts
 from spectr_jax.models import ModelConfig
+
+
+class InexactError(ValueError):
+  """A cell whose output law is not the target's, in a sweep that refuses such cells."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +81,10 @@ class Cell:
 def expand(config: SweepConfig, pair: str) -> list[Cell]:
   """The sweep's cells, grouped so that cells sharing a compiled decoder run in a row.
 
-  "autoregressive" gets one cell per seed, "sd" and "block" one per L (K = 1), the
-  multi-draft methods one per L and K >= 2 (at K = 1 "kseq", "specinfer" and "optimal"
-  are "sd", and "gbv" is "block"), and "kseq" one per rho; a fixed
+  Each method of the registry (`spectr_jax.methods`) runs its K values of the grid
+  (`Method.grid_drafts`: autoregressive decoding and single-draft methods at K = 1,
+  multi-draft methods at their K >= 2, since at K = 1 they are their `single` method) for
+  every L (autoregressive once), and methods with a split factor once per rho; a fixed
   rho above K is skipped (it is clipped to K, i.e. the "k" strategy).
 
   Args:
@@ -90,19 +95,14 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
     The cells in run order.
   """
   grid = []
-  for method in config.methods:
-    if method == "autoregressive":
-      grid.append((method, 1, 0, None))
-      continue
-    for draft_len in config.draft_lens:
-      if method in ("sd", "block"):
-        grid.append((method, 1, draft_len, None))
-        continue
-      for k in (k for k in config.num_drafts if k >= 2):
-        if method != "kseq":
-          grid.append((method, k, draft_len, None))
-          continue
-        grid += [(method, k, draft_len, check_rho(rho)) for rho in rhos_for(config.rhos, k)]
+  for method in map(methods.get, config.methods):
+    lens = config.draft_lens if method.speculative else (0,)
+    for draft_len in lens:
+      for k in method.grid_drafts(config.num_drafts):
+        rhos = (
+          [methods.check_rho(r) for r in rhos_for(config.rhos, k)] if method.takes_rho else [None]
+        )
+        grid += [(method.name, k, draft_len, rho) for rho in rhos]
   cells = [
     Cell(method, k, draft_len, rho, seed, config.decoding, pair)
     for method, k, draft_len, rho in grid
@@ -128,6 +128,8 @@ def _stats_record(stats_list: Sequence[engine.DecodeStats], rows: Sequence[int])
     "hits": stats.hits_BxL1.sum(0).tolist(),
     "accepted": stats.accepted_BxL1.sum(0).tolist(),
     "survivors": stats.survivors_BxL1.sum(0).tolist(),
+    "invalid": stats.invalid_BxL1.sum(0).tolist(),
+    "overshoot": stats.overshoot_BxL1.sum(0).tolist(),
     "nonfinite": int(stats.nonfinite_B.sum()),
     "block_efficiency": float(stats.emitted_B.sum() / max(stats.rounds_B.sum(), 1)),
   }
@@ -159,7 +161,7 @@ def run_cell(
     index = np.arange(start, start + batch_size) % settings.num_prompts
     out = engine.generate(
       jax.random.key(cell.seed),
-      draft=None if cell.method == "autoregressive" else pair.draft,
+      draft=pair.draft if methods.get(cell.method).speculative else None,
       target=pair.target,
       prompts=prompts.tokens_BxT[index],
       prompt_lengths=prompts.lengths_B[index],
@@ -174,13 +176,27 @@ def run_cell(
     )
     return jax.block_until_ready(out)
 
+  def check_finite(out, start):
+    stopped_B = np.asarray(out.stats.nonfinite_B)[: min(batch_size, settings.num_prompts - start)]
+    if stopped_B.any():
+      row = int(np.argmax(stopped_B))
+      model = "draft" if int(np.asarray(out.stats.nonfinite_draft_B)[row]) else "target"
+      raise checks.NonFiniteError(
+        f"cell {cell.label}: the {model} model's logits are not finite at prompt "
+        f"{start + row} of seed {cell.seed} ({int(stopped_B.sum())} of the batch's rows "
+        "stopped); its parameters may be damaged: the cell is not saved"
+      )
+    return out
+
   start_time = time.perf_counter()
-  outputs = [decode(0)]
+  outputs = [check_finite(decode(0), 0)]
   warmup_seconds = time.perf_counter() - start_time
   timed_starts = list(starts[1:]) or [0]
   start_time = time.perf_counter()
   timed = [decode(start) for start in timed_starts]
   decode_seconds = time.perf_counter() - start_time
+  for out, start in zip(timed, timed_starts, strict=True):
+    check_finite(out, start)
   if len(starts) > 1:
     outputs += timed
   rows = [min(batch_size, settings.num_prompts - s) for s in starts]
@@ -334,6 +350,12 @@ def _run_sweep(config, pair, provenance_config, writer):
   for cell in todo:
     record = {"key": cell.key, "cell": cell.as_record()}
     record.update(run_cell(cell, pair, config.batch_size, mesh))
+    if config.refuse_inexact and sum(record["invalid"]):
+      raise InexactError(
+        f"cell {cell.label} is not exact: its verifier's accept branch overshot the target "
+        f"at {sum(record['invalid'])} of {sum(record['reached'][: cell.draft_len])} verified "
+        "positions (a fixed rho below what they need); refuse_inexact = True: not saved"
+      )
     record.update(
       run=run_id,
       device_kind=jax.devices()[0].device_kind,

@@ -30,27 +30,11 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding
 
-from spectr_jax import block, sharding
+from spectr_jax import methods, sharding
+from spectr_jax.config import device_memory_bytes
 from spectr_jax.models import ModelConfig, init_cache, init_params
 
 GB = 1e9
-GIB = 2**30
-# Nominal HBM per chip / GPU (the usable limit a device reports is a little lower).
-DEVICE_MEMORY: Mapping[str, int] = {
-  "tpu-v4": 32 * GIB,
-  "tpu-v5e": 16 * GIB,
-  "tpu-v5p": 95 * GIB,
-  "tpu-v6e": 32 * GIB,
-  "a100-40gb": 40 * GIB,
-  "a100-80gb": 80 * GIB,
-  "h100": 80 * GIB,
-  "h200": 141 * GIB,
-}
-# Methods whose verifier plans with `optimal.optimal_plan` (one plan's workspace per row).
-PLAN_METHODS = ("optimal", "gbv")
-# That workspace: its O(M^2) levels and rates at M = 128 cuts, 1232 KiB measured at
-# V = 1024, K = 2 (docs/PERFORMANCE.md; it grows little with V).
-PLAN_WORKSPACE_BYTES = 1232 * 1024
 
 
 class DoesNotFitError(ValueError):
@@ -70,7 +54,7 @@ class MemoryPlan:
     weights: bytes of each model's parameter shards ({"draft": .., "target": ..}).
     cache: bytes of each model's KV-cache shard.
     probabilities: bytes of the round's float32 probability arrays (and of the optimal
-      plan's workspace, `workspace_bytes`).
+      plan's workspace, the method record's `workspace_bytes`).
     activations: the estimate of activations and logits.
   """
 
@@ -186,13 +170,9 @@ def probability_bytes(method: str, num_drafts: int, draft_len: int, vocab_size: 
   (their per-position residuals).
   """
   r = draft_len + 1
-  arrays = 2 * r + 2 * draft_len + (4 * r if method in block.METHODS else 0)
+  block_level = methods.get(method).level == "block"
+  arrays = 2 * r + 2 * draft_len + (4 * r if block_level else 0)
   return arrays * num_drafts * vocab_size * 4
-
-
-def workspace_bytes(method: str) -> int:
-  """One row's verifier workspace: `PLAN_WORKSPACE_BYTES` for `PLAN_METHODS`, else 0."""
-  return PLAN_WORKSPACE_BYTES if method in PLAN_METHODS else 0
 
 
 def activation_bytes(config: ModelConfig, num_drafts: int, draft_len: int, width: int) -> int:
@@ -258,7 +238,8 @@ def plan(
     cache=cache,
     probabilities=rows
     * (
-      probability_bytes(method, num_drafts, draft_len, target.num_logits) + workspace_bytes(method)
+      probability_bytes(method, num_drafts, draft_len, target.num_logits)
+      + methods.get(method).workspace_bytes
     ),
     activations=rows * activation_bytes(target, num_drafts, draft_len, prompt_width),
   )
@@ -268,25 +249,14 @@ def device_bytes(memory: str = "") -> int | None:
   """A device's memory in bytes.
 
   Args:
-    memory: a key of `DEVICE_MEMORY` (e.g. "tpu-v5e"), a number of GiB (e.g. "16"), or
+    memory: a key of `config.DEVICE_MEMORY` (e.g. "tpu-v5e"), a number of GiB (e.g. "16"), or
       "" for what this process's first device reports (`memory_stats()["bytes_limit"]`).
 
   Returns:
     The bytes, or None when `memory` is "" and the device reports none (e.g. a CPU).
   """
   if memory:
-    if memory.lower() in DEVICE_MEMORY:
-      return DEVICE_MEMORY[memory.lower()]
-    try:
-      gib = float(memory)
-    except ValueError:
-      gib = 0.0
-    if not gib > 0:
-      raise ValueError(
-        f"device memory must be a number of GiB or one of {', '.join(DEVICE_MEMORY)}, "
-        f"got {memory!r}"
-      )
-    return int(gib * GIB)
+    return device_memory_bytes(memory)
   # This process's device: memory_stats() of another process's device is an error.
   stats = jax.local_devices()[0].memory_stats() or {}
   return stats.get("bytes_limit")

@@ -55,6 +55,7 @@ import numpy as np
 from jax import lax
 
 from spectr_jax import acceptance, checks
+from spectr_jax.methods import Verdict
 from spectr_jax.sampling import categorical
 
 __all__ = [
@@ -62,7 +63,7 @@ __all__ = [
   "OptimalPlan",
   "optimal",
   "optimal_plan",
-  "optimal_unchecked",
+  "position_verdict",
   "select",
   "select_draft",
   "selection_law",
@@ -751,10 +752,12 @@ def _apply_plan(key, drafts_K, valid_K, q_V, plan: OptimalPlan):
   return _verify_with(key, drafts_K, valid_K, q_V, choose)
 
 
-@functools.partial(jax.jit, static_argnames="num_cuts")
-def optimal_unchecked(key, drafts_K, p_V, q_V, valid_K, *, num_cuts: int = DEFAULT_NUM_CUTS):
-  """`optimal` without its input checks (valid_K required), for callers inside jit; the
-  plan is built only where k >= 2 (`select_draft`)."""
+def position_verdict(
+  key, drafts_K, p_V, q_V, valid_K, *, num_cuts: int = DEFAULT_NUM_CUTS
+) -> Verdict:
+  """`optimal` without its input checks (valid_K required): the token-level verify
+  function of the method registry, for callers inside jit; the plan is built only where
+  k >= 2 (`select_draft`)."""
 
   def choose(key):
     u_level, u_pick = _select_uniforms(key, p_V.dtype)
@@ -762,7 +765,10 @@ def optimal_unchecked(key, drafts_K, p_V, q_V, valid_K, *, num_cuts: int = DEFAU
       u_level, u_pick, drafts_K, valid_K, p_V, q_V, num_cuts=num_cuts, max_k=drafts_K.shape[0]
     )
 
-  return _verify_with(key, drafts_K, valid_K, q_V, choose)
+  return Verdict(*_verify_with(key, drafts_K, valid_K, q_V, choose))
+
+
+_position_verdict_jit = jax.jit(position_verdict, static_argnames="num_cuts")
 
 
 def optimal(key, drafts_K, p_V, q_V, *, valid_K=None, num_cuts: int = DEFAULT_NUM_CUTS):
@@ -789,4 +795,7 @@ def optimal(key, drafts_K, p_V, q_V, *, valid_K=None, num_cuts: int = DEFAULT_NU
   if valid_K is None:
     valid_K = jnp.ones(drafts_K.shape, bool)
   checks.shape("valid_K", valid_K, drafts_K.shape)
-  return optimal_unchecked(key, drafts_K, p_V, q_V, jnp.asarray(valid_K, bool), num_cuts=num_cuts)
+  verdict = _position_verdict_jit(
+    key, drafts_K, p_V, q_V, jnp.asarray(valid_K, bool), num_cuts=num_cuts
+  )
+  return verdict.token, verdict.accepted

@@ -22,15 +22,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from spectr_jax import metrics, results  # noqa: E402
+from spectr_jax import methods, metrics, results  # noqa: E402
 
 REPORT_DIR = "report"
-_METHOD_ORDER = ("autoregressive", "sd", "block", "kseq", "specinfer", "optimal", "gbv")
-_STYLES = {"kseq": "-", "specinfer": "--", "optimal": ":", "gbv": "-."}
-# The K = 1 point of each multi-draft line: "gbv" at K = 1 is "block", the others "sd".
-_SINGLE = {"gbv": "block"}
 _COLUMNS = (
-  ("method", "method", "{}"),
+  ("label", "method", "{}"),
   ("K", "K", "{}"),
   ("L", "L", "{}"),
   ("rho_name", "rho", "{}"),
@@ -41,6 +37,11 @@ _COLUMNS = (
   ("speedup", "speedup (measured)", "{:.2f}x"),
   ("predicted_speedup", "speedup (predicted, accel.)", "{:.2f}x"),
   ("samples", "seeds x prompts", "{}"),
+)
+# Beside the columns above, for configurations that are not exact.
+_INEXACT_COLUMNS = (
+  ("invalid", "invalid positions", "{:.1%}"),
+  ("overshoot", "mean overshoot", "{:.4f}"),
 )
 
 
@@ -105,14 +106,17 @@ def paired_ratio(
   return float((totals[0] / totals[1]) / (totals[2] / totals[3])), *_interval(ratio_I, level)
 
 
-# (method, baseline) pairs compared cell by cell by `paired_gains`; K = 1 cells of "gbv"
-# do not exist (it is "block" there), so block-vs-sd compares the K = 1 cells.
-GAIN_PAIRS = (("block", "sd"), ("gbv", "optimal"), ("gbv", "kseq"), ("optimal", "kseq"))
+# (method, baseline) pairs compared cell by cell by `paired_gains`: each method's
+# `compare_with` in the registry (K = 1 cells of "gbv" do not exist: it is "block" there).
+GAIN_PAIRS = tuple(
+  (m.name, baseline) for m in methods.METHODS.values() for baseline in m.compare_with
+)
 
 
 def paired_gains(records: Sequence[dict[str, Any]], pairs=GAIN_PAIRS) -> list[dict[str, Any]]:
   """BE(method) / BE(baseline) for every (K, L, setting) that both methods ran on the same
   seeds (so the same prompts), with the paired bootstrap interval of `paired_ratio`.
+  Only exact cells are compared (rho* or no split factor).
 
   Returns:
     Rows with method, baseline, K, L, ratio, lower, upper, interval, samples.
@@ -169,15 +173,50 @@ def _group_key(cell: dict[str, Any], drop: Iterable[str]) -> str:
   return json.dumps({k: v for k, v in cell.items() if k not in drop}, sort_keys=True)
 
 
+# Single-draft methods first, then the multi-draft ones, each in registry order.
+_ORDER = sorted(methods.METHODS, key=lambda name: methods.METHODS[name].multi_draft)
+
+
 def _sort_key(row: dict[str, Any]):
   rho = row["rho"]
   rho_order = (0, 0.0) if rho in (None, "star") else (1, 0.0) if rho == "k" else (2, rho)
-  method = _METHOD_ORDER.index(row["method"]) if row["method"] in _METHOD_ORDER else 99
-  return (row["method"] != "autoregressive", row["L"], method, row["K"], rho_order)
+  method = _ORDER.index(row["method"]) if row["method"] in _ORDER else len(_ORDER)
+  return (row["exact"] is not True, row["L"] > 0, row["L"], method, row["K"], rho_order)
+
+
+def exactness(members: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """Whether a cell group's output law was the target's, from its records' per-position
+  counts: {"exact": True / False / None (records without the counts), "invalid": the
+  share of verified positions (t < L) where the verifier's accept branch overshot q,
+  "overshoot": the mean overshoot mass per verified position}."""
+  cell = members[0]["cell"]
+  if not cell["draft_len"]:
+    return {"exact": True, "invalid": None, "overshoot": None}
+  if any("invalid" not in r or "overshoot" not in r for r in members):
+    takes_rho = cell["method"] in methods.METHODS and methods.get(cell["method"]).takes_rho
+    unknown = takes_rho and cell["rho"] not in (None, "star", "k")
+    return {"exact": None if unknown else True, "invalid": None, "overshoot": None}
+  draft_len = cell["draft_len"]
+  verified = sum(sum(r["reached"][:draft_len]) for r in members)
+  invalid = sum(sum(r["invalid"][:draft_len]) for r in members)
+  overshoot = sum(sum(r["overshoot"][:draft_len]) for r in members)
+  return {
+    "exact": invalid == 0,
+    "invalid": invalid / verified if verified else 0.0,
+    "overshoot": overshoot / verified if verified else 0.0,
+  }
+
+
+def unusable_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+  """The records a table cannot use: cells that decoded no round (every row stopped at
+  once, e.g. on non-finite logits; a sweep no longer saves such cells)."""
+  return [r for r in records if sum(r["rounds"]) == 0]
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-  """One row per cell group (all fields but the seed), sorted method-wise.
+  """One row per cell group (all fields but the seed), sorted: exact configurations
+  first (method-wise), then those that are not exact. A group with an unusable record
+  (`unusable_records`) is left out.
 
   Args:
     records: results.jsonl records (see `experiment.run_cell`).
@@ -190,11 +229,14 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   groups: dict[str, list[dict[str, Any]]] = {}
   for record in records:
     groups.setdefault(_group_key(record["cell"], ("seed",)), []).append(record)
+  unusable = unusable_records(records)
   baselines = {}
   rows = []
   for members in groups.values():
     members = sorted(members, key=lambda r: r["cell"]["seed"])
     cell = members[0]["cell"]
+    if any(r in unusable for r in members):
+      continue
     emitted_ZxE = np.array([r["emitted"] for r in members])
     rounds_ZxE = np.array([r["rounds"] for r in members])
     estimate, lower, upper = bootstrap_ratio(emitted_ZxE, rounds_ZxE)
@@ -203,9 +245,11 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     tokens_per_s = sum(r["timed_tokens"] for r in members) / max(
       sum(r["decode_seconds"] for r in members), 1e-12
     )
-    cost_ratio = members[0]["draft_params"] / members[0]["target_params"]
+    cost_ratio = members[0]["draft_params"] / max(members[0]["target_params"], 1)
+    method = methods.METHODS.get(cell["method"])
     row = {
       "method": cell["method"],
+      "label": method.label if method else cell["method"],
       "K": cell["num_drafts"],
       "L": cell["draft_len"],
       "rho": cell["rho"],
@@ -220,6 +264,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
       "seeds": len(members),
       "prompts": emitted_ZxE.shape[1],
       "samples": f"{len(members)} x {emitted_ZxE.shape[1]}",
+      **exactness(members),
       "_setting": _group_key(cell, ("seed", "method", "num_drafts", "draft_len", "rho")),
     }
     if cell["method"] == "autoregressive":
@@ -227,7 +272,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows.append(row)
   for row in rows:
     baseline = baselines.get(row.pop("_setting"))
-    row["speedup"] = None if baseline is None else row["tokens_per_s"] / baseline
+    row["speedup"] = row["tokens_per_s"] / baseline if baseline else None
   return sorted(rows, key=_sort_key)
 
 
@@ -262,14 +307,14 @@ def plot_block_efficiency(rows: Sequence[dict[str, Any]], path: str | pathlib.Pa
   fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
   lens = sorted({r["L"] for r in rows if r["L"] > 0})
   colors = dict(zip(lens, plt.cm.viridis(np.linspace(0, 0.85, len(lens))), strict=True))
+  lines = [m for m in methods.METHODS.values() if m.style]
   for draft_len in lens:
-    for method, style in _STYLES.items():
-      single_method = _SINGLE.get(method, "sd")
-      single = [r for r in rows if r["method"] == single_method and r["L"] == draft_len]
+    for method in lines:
+      single = [r for r in rows if r["method"] == method.single and r["L"] == draft_len]
       line = [
         r
         for r in rows
-        if r["method"] == method and r["L"] == draft_len and r["rho"] in (None, "star")
+        if r["method"] == method.name and r["L"] == draft_len and r["rho"] in (None, "star")
       ]
       if not line:
         continue
@@ -277,15 +322,19 @@ def plot_block_efficiency(rows: Sequence[dict[str, Any]], path: str | pathlib.Pa
       ks = [r["K"] for r in line]
       mean = np.array([r["block_efficiency"] for r in line])
       err = np.array([[m - r["lower"], r["upper"] - m] for m, r in zip(mean, line, strict=True)])
-      label = f"{method} L={draft_len}"
-      ax.errorbar(ks, mean, yerr=err.T, fmt=style, marker="o", ms=4, capsize=3, label=label,
-                  color=colors[draft_len])  # fmt: skip
+      label = f"{method.label} L={draft_len}"
+      color = colors[draft_len]
+      ax.errorbar(ks, mean, yerr=err.T, fmt=method.style, marker="o", ms=4, capsize=3,
+                  label=label, color=color)  # fmt: skip
+      for r in line:  # Not exact (never so at rho* or without a split factor): hollow.
+        if r["exact"] is not True:
+          ax.plot(r["K"], r["block_efficiency"], "o", ms=7, color=color, mfc="white")
   ax.axhline(1.0, color="gray", lw=0.8, label="autoregressive")
   ax.set_xscale("log", base=2)
   ax.set_xticks(
     sorted({r["K"] for r in rows}), labels=[str(k) for k in sorted({r["K"] for r in rows})]
   )
-  ax.set_xlabel("drafts K (K = 1: single-draft speculative decoding)")
+  ax.set_xlabel("drafts K (K = 1: single-draft speculative decoding; hollow: not exact)")
   ax.set_ylabel("block efficiency (tokens / target call)")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
@@ -365,9 +414,34 @@ def write_report(results_dir: str | pathlib.Path, keys: Sequence[str] | None = N
   records = records_for(results_dir, keys)
   rows = summarize(records)
   if not rows:
-    raise ValueError(f"no results in {results_dir}")
+    raise ValueError(f"no usable results in {results_dir}")
   write_csv(rows, out / "table.csv")
-  text = [f"## Decoding ({results_dir.name})", "", markdown_table(rows), ""]
+  left_out = unusable_records(records)
+  if left_out:
+    text_left = [
+      "## Cells left out (they decoded no round; delete their lines from results.jsonl "
+      "and rerun the sweep)",
+      "",
+      *(f"- {r['cell']['method']} K={r['cell']['num_drafts']} L={r['cell']['draft_len']} "
+        f"rho={r['cell']['rho']} seed={r['cell']['seed']} (key {r['key']})" for r in left_out),
+      "",
+    ]  # fmt: skip
+  exact = [r for r in rows if r["exact"] is True]
+  inexact = [r for r in rows if r["exact"] is not True]
+  text = [f"## Decoding ({results_dir.name})", "", markdown_table(exact), ""]
+  if inexact:
+    text += [
+      "## Not exact: the output law is NOT the target's (ranked apart)",
+      "",
+      "A fixed rho below what a position needs makes K-SEQ's accept branch overshoot the "
+      "target there (the residual would be negative and is clipped): these block "
+      "efficiencies are not comparable with the exact rows above. invalid positions: "
+      "share of verified draft positions with an overshoot; mean overshoot: mass per "
+      "verified position ('-': records without the counts, exactness unknown).",
+      "",
+      markdown_table(inexact, _COLUMNS[:5] + _INEXACT_COLUMNS + _COLUMNS[5:]),
+      "",
+    ]
   gains = paired_gains(records)
   if gains:
     write_csv(gains, out / "gains.csv")
@@ -394,6 +468,8 @@ def write_report(results_dir: str | pathlib.Path, keys: Sequence[str] | None = N
       f"Plot: {out / 'acceptance_vs_K.png'}",
       "",
     ]
+  if left_out:
+    text += text_left
   markdown = "\n".join(text)
   (out / "table.md").write_text(markdown)
   return markdown

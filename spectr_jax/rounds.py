@@ -10,13 +10,14 @@ row) and the commit of the accepted tokens to both caches (`step` runs all of th
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from spectr_jax import sampling, sharding, verify
+from spectr_jax import methods, sampling, sharding, verify
 from spectr_jax.models import KVCache, ModelConfig, Transformer, commit, init_cache
 
 
@@ -52,7 +53,11 @@ class DecodeStats:
   hits_BxL1: ... where the token at t equalled a surviving draft.
   accepted_BxL1: ... where the token at t came from the accept branch.
   survivors_BxL1: sum over rounds of the number of drafts verified at t.
+  invalid_BxL1: ... where the verifier was not exact: its accept branch overshot q by
+    more than `methods.OVERSHOOT_TOL` (a fixed rho below what the position needs).
+  overshoot_BxL1: sum over rounds of that overshoot mass at t.
   nonfinite_B: rounds stopped by non-finite draft or target logits (the row ends there).
+  nonfinite_draft_B: ... of which the draft's logits were non-finite (else the target's).
   """
 
   rounds_B: jax.Array
@@ -63,11 +68,10 @@ class DecodeStats:
   hits_BxL1: jax.Array
   accepted_BxL1: jax.Array
   survivors_BxL1: jax.Array
+  invalid_BxL1: jax.Array
+  overshoot_BxL1: jax.Array
   nonfinite_B: jax.Array
-
-  @property
-  def target_calls_B(self) -> jax.Array:
-    return self.rounds_B
+  nonfinite_draft_B: jax.Array
 
   @property
   def block_efficiency(self) -> jax.Array:
@@ -77,8 +81,8 @@ class DecodeStats:
 
 @struct.dataclass
 class State:
-  """The decoding state carried by the engine's while_loop (B rows, W = N + L + 1 slots
-  of output, where N is max_new_tokens)."""
+  """The decoding state carried by the engine's while_loop (B rows, W = T + L + 1 slots
+  of output, where T is max_new_tokens)."""
 
   rounds_B: jax.Array
   done_B: jax.Array
@@ -108,67 +112,34 @@ def probs(spec: DecodeSpec, logits_XxV, traced: Traced):
   return sampling.transform_probs(logits_XxV, traced.temperature, top_k=spec.top_k, top_p=top_p)
 
 
-def nonfinite_B(logits_BxXxV):
-  """Rows with a non-finite logit anywhere: bool [B]."""
-  return ~jnp.all(jnp.isfinite(logits_BxXxV), axis=tuple(range(1, logits_BxXxV.ndim)))
+def extend_fn(config: ModelConfig) -> Callable:
+  """The decoder's extend-on-tails call of `config` (the `drafting` seam's `extend`)."""
+  model = Transformer(config)
 
+  def extend(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None):
+    return model.apply(
+      {"params": params}, tokens_BxKxT, cache, num_new_B, logits_at_B, method=Transformer.extend
+    )
 
-def draft_keys_LxBxK(key_B, num_steps: int, num_tails: int):
-  """The key of every draw of `draft`: fold_in(fold_in(row key, step), tail), L x B x K,
-  drawn in two batched calls before the draft loop."""
-  step_LxB = jax.vmap(lambda t: jax.vmap(jax.random.fold_in, (0, None))(key_B, t))(
-    jnp.arange(num_steps)
-  )
-  by_tail = jax.vmap(jax.random.fold_in, (None, 0))
-  return jax.vmap(jax.vmap(lambda key: by_tail(key, jnp.arange(num_tails))))(step_LxB)
-
-
-def sample_BxK(key_BxK, probs_BxKxV):
-  """One draw per (row, tail) with its own key."""
-  return jax.vmap(jax.vmap(sampling.categorical))(key_BxK, probs_BxKxV)
+  return extend
 
 
 def draft(spec, params, cache, state, key_B, traced):
-  """K drafts of L tokens per row: (drafts_BxKxL, p_BxKxLxV, cache, nonfinite_B).
-
-  The pending tokens open every tail (only the last one's logits are computed); L - 1
-  steps under `lax.scan` follow, each writing its p in place into p_BxKxLxV."""
-  model = Transformer(spec.draft_config)
-  b, k, n = state.last_B.shape[0], spec.num_drafts, spec.draft_len
-  tokens_BxKx2 = jnp.broadcast_to(state.pending_Bx2[:, None, :], (b, k, 2))
-  logits_BxKxV, cache = model.apply(
-    {"params": params},
-    tokens_BxKx2,
+  """The method's drafting scheme (`methods.DRAFTING`) on the draft model:
+  (drafts_BxKxL, p_BxKxLxV, cache, nonfinite_B)."""
+  scheme = methods.resolve(methods.DRAFTING[methods.get(spec.method).drafting].draft)
+  drafts = scheme(
+    extend_fn(spec.draft_config),
+    params,
     cache,
+    state.pending_Bx2,
     state.num_pending_B,
-    state.num_pending_B - 1,
-    method=Transformer.extend,
+    key_B,
+    functools.partial(probs, spec, traced=traced),
+    num_drafts=spec.num_drafts,
+    draft_len=spec.draft_len,
   )
-  bad_B = nonfinite_B(logits_BxKxV)
-  p_BxKxV = probs(spec, logits_BxKxV, traced)
-  key_LxBxK = draft_keys_LxBxK(key_B, n, k)
-  x_BxK = sample_BxK(key_LxBxK[0], p_BxKxV)
-  p_BxKxLxV = jnp.zeros((b, k, n) + p_BxKxV.shape[-1:], p_BxKxV.dtype)
-  p_BxKxLxV = p_BxKxLxV.at[:, :, 0].set(p_BxKxV)
-  drafts_BxKxL = jnp.zeros((b, k, n), jnp.int32).at[:, :, 0].set(x_BxK)
-
-  def step(carry, t):
-    cache, drafts_BxKxL, p_BxKxLxV, bad_B = carry
-    x_BxKx1 = jax.lax.dynamic_slice_in_dim(drafts_BxKxL, t - 1, 1, axis=2)
-    logits_BxKx1xV, cache = model.apply(
-      {"params": params}, x_BxKx1, cache, method=Transformer.extend
-    )
-    bad_B |= nonfinite_B(logits_BxKx1xV)
-    p_BxKx1xV = probs(spec, logits_BxKx1xV, traced)
-    nxt_BxKx1 = sample_BxK(key_LxBxK[t], p_BxKx1xV[:, :, 0])[:, :, None]
-    drafts_BxKxL = jax.lax.dynamic_update_slice_in_dim(drafts_BxKxL, nxt_BxKx1, t, axis=2)
-    p_BxKxLxV = jax.lax.dynamic_update_slice_in_dim(p_BxKxLxV, p_BxKx1xV, t, axis=2)
-    return (cache, drafts_BxKxL, p_BxKxLxV, bad_B), None
-
-  (cache, drafts_BxKxL, p_BxKxLxV, bad_B), _ = jax.lax.scan(
-    step, (cache, drafts_BxKxL, p_BxKxLxV, bad_B), jnp.arange(1, n)
-  )
-  return drafts_BxKxL, p_BxKxLxV, cache, bad_B
+  return drafts.tokens_BxKxL, drafts.p_BxKxLxV, drafts.cache, drafts.nonfinite_B
 
 
 def verify_rows(spec, key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced):
@@ -176,7 +147,10 @@ def verify_rows(spec, key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced):
   if spec.draft_len == 0:
     tokens_B = jax.vmap(sampling.categorical)(key_B, q_BxKxL1xV[:, 0, 0])
     zeros_Bx1 = jnp.zeros((key_B.shape[0], 1), bool)
-    stats = verify.BlockStats(zeros_Bx1, zeros_Bx1, zeros_Bx1.astype(jnp.int32), zeros_Bx1 * 0.0)
+    zeros_f_Bx1 = jnp.zeros(zeros_Bx1.shape)
+    stats = verify.BlockStats(
+      zeros_Bx1, zeros_Bx1, zeros_Bx1.astype(jnp.int32), zeros_f_Bx1, zeros_f_Bx1
+    )
     return tokens_B[:, None], jnp.ones_like(tokens_B), stats
   walk = functools.partial(
     verify.walk, rho_value=traced.rho_value, method=spec.method, rho_mode=spec.rho_mode
@@ -188,13 +162,10 @@ def score(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Tra
   """One target call on `[last, d_1..d_L]` of every tail: (q_BxKxL1xV, cache, nonfinite_B)."""
   b, k = drafts_BxKxL.shape[:2]
   last_BxKx1 = jnp.broadcast_to(last_B[:, None, None], (b, k, 1))
-  logits_BxKxL1xV, cache = Transformer(spec.target_config).apply(
-    {"params": target_params},
-    jnp.concatenate([last_BxKx1, drafts_BxKxL], axis=2),
-    cache,
-    method=Transformer.extend,
+  logits_BxKxL1xV, cache = extend_fn(spec.target_config)(
+    target_params, jnp.concatenate([last_BxKx1, drafts_BxKxL], axis=2), cache
   )
-  return probs(spec, logits_BxKxL1xV, traced), cache, nonfinite_B(logits_BxKxL1xV)
+  return probs(spec, logits_BxKxL1xV, traced), cache, sampling.nonfinite_rows(logits_BxKxL1xV)
 
 
 class _Emitted(NamedTuple):
@@ -243,7 +214,8 @@ def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, tokens_
   return target_cache, draft_cache, last_B, pending_Bx2, num_pending_B
 
 
-def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, bad_B, active_B):
+def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, bad_B, draft_bad_B,
+           active_B):  # fmt: skip
   """The statistics after a round (see `DecodeStats`)."""
   live_B, emit_B = emitted.live_B, emitted.emit_B
   counted_BxL1 = live_B[:, None] & (jnp.arange(spec.round_width) < emit_B[:, None])
@@ -257,7 +229,10 @@ def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, ba
     hits_BxL1=s.hits_BxL1 + (counted_BxL1 & block.hit_L1),
     accepted_BxL1=s.accepted_BxL1 + (counted_BxL1 & block.accepted_L1),
     survivors_BxL1=s.survivors_BxL1 + jnp.where(counted_BxL1, block.survivors_L1, 0),
+    invalid_BxL1=s.invalid_BxL1 + (counted_BxL1 & (block.overshoot_L1 > methods.OVERSHOOT_TOL)),
+    overshoot_BxL1=s.overshoot_BxL1 + jnp.where(counted_BxL1, block.overshoot_L1, 0.0),
     nonfinite_B=s.nonfinite_B + (active_B & bad_B),
+    nonfinite_draft_B=s.nonfinite_draft_B + (active_B & draft_bad_B),
   )
 
 
@@ -294,6 +269,7 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
     q_BxKxL1xV, target_cache, target_bad_B = score(
       spec, target_params, state.target_cache, state.last_B, drafts_BxKxL, traced
     )
+  draft_bad_B = bad_B
   bad_B |= target_bad_B
   with jax.named_scope("verify"):
     tokens_BxL1, num_B, block = verify_rows(
@@ -311,7 +287,7 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
       spec, state, target_cache, draft_cache, drafts_BxKxL, tokens_BxL1, num_B, emitted.live_B
     )
   with jax.named_scope("stats"):
-    stats = _count(spec, state.stats, emitted, block, bad_B, active_B)
+    stats = _count(spec, state.stats, emitted, block, bad_B, draft_bad_B, active_B)
   return State(
     rounds_B=state.rounds_B + active_B,
     done_B=done_B,
@@ -344,7 +320,7 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
   if spec.draft_len > 0:
     draft_cache = prefill(spec.draft_config, draft_params, spec.num_drafts)
   zeros_B = jnp.zeros((b,), jnp.int32)
-  zeros_BxW = jnp.zeros((b, w), jnp.int32)
+  zeros_BxL1 = jnp.zeros((b, w), jnp.int32)
   return State(
     rounds_B=zeros_B,
     done_B=jnp.zeros((b,), bool),
@@ -360,10 +336,13 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
       draft_calls_B=zeros_B,
       emitted_B=zeros_B,
       tokens_per_round_BxL2=jnp.zeros((b, w + 1), jnp.int32),
-      reached_BxL1=zeros_BxW,
-      hits_BxL1=zeros_BxW,
-      accepted_BxL1=zeros_BxW,
-      survivors_BxL1=zeros_BxW,
+      reached_BxL1=zeros_BxL1,
+      hits_BxL1=zeros_BxL1,
+      accepted_BxL1=zeros_BxL1,
+      survivors_BxL1=zeros_BxL1,
+      invalid_BxL1=zeros_BxL1,
+      overshoot_BxL1=jnp.zeros((b, w), jnp.float32),
       nonfinite_B=zeros_B,
+      nonfinite_draft_B=zeros_B,
     ),
   )

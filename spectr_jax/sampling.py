@@ -182,3 +182,8 @@ def _sampling_probs(logits_XxV, *, temperature, top_k, top_p):
     probs_XxV = jnp.where(probs_XxV >= floor_Xx1, probs_XxV, 0.0)
     probs_XxV = probs_XxV / jnp.sum(probs_XxV, axis=-1, keepdims=True)
   return probs_XxV
+
+
+def nonfinite_rows(logits_BxXxV: jax.Array) -> jax.Array:
+  """Rows with a non-finite logit anywhere: bool [B] (any shape after the row axis)."""
+  return ~jnp.all(jnp.isfinite(logits_BxXxV), axis=tuple(range(1, logits_BxXxV.ndim)))

@@ -9,6 +9,10 @@ Y came from the accept branch:
 - `specinfer`: SpecInfer's recursive rejection sampling.
 - `optimal`: the OT-optimal verifier that reaches alpha* (see `spectr_jax.optimal`).
 
+The engine reaches them through the method registry (`spectr_jax.methods`): each is a
+token-level verify function `<name>_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict`
+(K-SEQ also takes rho_mode, rho_value), and `walk` runs whichever the registry names.
+
 `verify_block` walks a block of K draft sequences of length L position by position,
 keeping the drafts that agree with what was emitted (SpecTr on sequences). It also runs
 the block-level verifiers of `spectr_jax.block` ("block": Sun et al.'s block
@@ -26,27 +30,26 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from spectr_jax import acceptance, block, checks
-from spectr_jax import optimal as optimal_lib
+from spectr_jax import acceptance, checks, methods
 from spectr_jax.acceptance import rho_star
+from spectr_jax.methods import Verdict
 from spectr_jax.optimal import optimal
 from spectr_jax.sampling import categorical
 
 __all__ = [
-  "METHODS",
-  "TOKEN_METHODS",
   "BlockStats",
+  "check_method",
   "kseq",
+  "kseq_position",
   "optimal",
   "rho_star",
+  "sd_position",
   "specinfer",
+  "specinfer_position",
   "speculative_sampling",
   "verify_block",
   "walk",
 ]
-
-TOKEN_METHODS = ("sd", "kseq", "specinfer", "optimal")
-METHODS = TOKEN_METHODS + block.METHODS
 
 
 def _as_valid(valid_K, num_drafts: int):
@@ -63,23 +66,24 @@ def _check_position(drafts_K, p_V, q_V):
   checks.shape("q_V", q_V, (p_V.shape[-1],))
 
 
-# Internal verifiers share one signature:
-#   (key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value) -> (token, accepted, rho_used)
-# With no valid draft they sample q; rho_used is 0 for methods without a split factor.
-
-
-def _sd(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
-  del rho_mode, rho_value
+def sd_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
+  """Single-draft speculative sampling of drafts_K[0] (token-level verify function)."""
   accept_key, residual_key = jax.random.split(key)
   x, valid = drafts_K[0], valid_K[0]
   ratio = jnp.where(p_V[x] > 0, q_V[x] / jnp.where(p_V[x] > 0, p_V[x], 1.0), 0.0)
   accepted = valid & (jax.random.uniform(accept_key) < ratio)
   residual_V = jnp.where(valid, acceptance.residual(q_V, p_V), q_V)
   y = categorical(residual_key, residual_V)
-  return jnp.where(accepted, x, y).astype(jnp.int32), accepted, jnp.float32(1.0)
+  return Verdict(jnp.where(accepted, x, y).astype(jnp.int32), accepted, jnp.float32(1.0))
 
 
-def _kseq(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
+def kseq_position(key, drafts_K, p_V, q_V, valid_K, *, rho_mode, rho_value) -> Verdict:
+  """K-SEQ on the valid drafts (token-level verify function; see `kseq`).
+
+  The overshoot of the accept branch, sum max(A - q, 0), is 0 for rho* and rho = k; a
+  fixed rho below what the position needs makes it positive, and then the clipped
+  residual makes the output law differ from q (the engine counts such positions).
+  """
   accept_key, residual_key = jax.random.split(key)
   k = jnp.sum(valid_K)
   plan = acceptance.kseq_plan(p_V, q_V, k, rho_mode, rho_value)
@@ -89,11 +93,12 @@ def _kseq(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
   accepted = jnp.any(accept_K)
   y = categorical(residual_key, acceptance.residual(q_V, plan.accept_mass_V))
   token = jnp.where(accepted, drafts_K[jnp.argmax(accept_K)], y)
-  return token.astype(jnp.int32), accepted, plan.rho
+  overshoot = jnp.sum(jnp.maximum(-plan.residual_V, 0.0))
+  return Verdict(token.astype(jnp.int32), accepted, plan.rho, overshoot)
 
 
-def _specinfer(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
-  del rho_mode, rho_value
+def specinfer_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
+  """SpecInfer's recursive rejection on the valid drafts (token-level verify function)."""
   accept_key, residual_key = jax.random.split(key)
   # The chain of targets r_1 = q, r_{j+1} = norm(max(r_j - p, 0)) does not depend on the
   # rejected draft values, so it is computed once; the j-th valid draft is tried against r_j.
@@ -106,29 +111,22 @@ def _specinfer(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
   accepted = jnp.any(accept_K)
   y = categorical(residual_key, r_K1xV[jnp.sum(valid_K)])
   token = jnp.where(accepted, drafts_K[jnp.argmax(accept_K)], y)
-  return token.astype(jnp.int32), accepted, jnp.float32(0.0)
+  return Verdict(token.astype(jnp.int32), accepted)
 
 
-def _optimal(key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value):
-  del rho_mode, rho_value
-  token, accepted = optimal_lib.optimal_unchecked(
-    key, drafts_K, p_V, q_V, valid_K, num_cuts=optimal_lib.DEFAULT_NUM_CUTS
-  )
-  return token, accepted, jnp.float32(0.0)
-
-
-_VERIFIERS: dict[str, Callable] = {
-  "sd": _sd,
-  "kseq": _kseq,
-  "specinfer": _specinfer,
-  "optimal": _optimal,
-}
+def _position_function(method: str, rho_mode: str, rho_value) -> Callable:
+  """The registry's verify function of a token-level method, with rho bound if it has one."""
+  record = methods.get(method)
+  fn = record.function()
+  if record.takes_rho:
+    return functools.partial(fn, rho_mode=rho_mode, rho_value=rho_value)
+  return fn
 
 
 @functools.partial(jax.jit, static_argnames=("method", "rho_mode"))
 def _verify_position(key, drafts_K, p_V, q_V, valid_K, rho_value, *, method, rho_mode):
-  token, accepted, _ = _VERIFIERS[method](key, drafts_K, p_V, q_V, valid_K, rho_mode, rho_value)
-  return token, accepted
+  verdict = _position_function(method, rho_mode, rho_value)(key, drafts_K, p_V, q_V, valid_K)
+  return verdict.token, verdict.accepted
 
 
 def speculative_sampling(key, draft, p_V, q_V):
@@ -204,12 +202,15 @@ class BlockStats(NamedTuple):
   accepted_L1: the token came from the accept branch.
   survivors_L1: number of drafts verified at that position (0 for the bonus draw).
   rho_L1: split factor used (K-SEQ only; 1 for "sd", 0 for methods without one).
+  overshoot_L1: the accept branch's overshoot of q there (`methods.Verdict`): 0 where
+    the verifier is exact; > 0 marks a position whose output law is not q.
   """
 
   hit_L1: jax.Array
   accepted_L1: jax.Array
   survivors_L1: jax.Array
   rho_L1: jax.Array
+  overshoot_L1: jax.Array
 
 
 class _WalkState(NamedTuple):
@@ -227,16 +228,17 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
     key: PRNG key; position t uses fold_in(key, t).
     drafts_KxL, p_KxLxV, q_KxL1xV: as in `verify_block`.
     rho_value: float32 scalar, the fixed split factor (ignored unless rho_mode is "fixed").
-    method: a name of `METHODS`.
-    rho_mode: "star", "k" or "fixed" (see `acceptance.split_rho`).
+    method: a speculative method of the registry (`spectr_jax.methods`).
+    rho_mode: "star", "k" or "fixed" (see `acceptance.split_rho`; methods without a split
+      factor never see it).
 
   Returns:
     (tokens_L1, num_tokens, BlockStats), as `verify_block` with return_stats.
   """
-  if method in block.METHODS:
-    return _block_walk(key, drafts_KxL, p_KxLxV, q_KxL1xV)
+  if methods.get(method).level == "block":
+    return _block_walk(methods.get(method).function(), key, drafts_KxL, p_KxLxV, q_KxL1xV)
   num_drafts, draft_len = drafts_KxL.shape
-  verifier = _VERIFIERS[method]
+  verifier = _position_function(method, rho_mode, rho_value)
   # The position keys fold_in(key, t), drawn in one batched call before the loop.
   keys_L1 = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(draft_len + 1))
   zeros_L1 = jnp.zeros((draft_len + 1,), bool)
@@ -246,7 +248,11 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
     alive_K=jnp.ones((num_drafts,), bool),
     tokens_L1=jnp.zeros((draft_len + 1,), jnp.int32),
     stats=BlockStats(
-      zeros_L1, zeros_L1, jnp.zeros((draft_len + 1,), jnp.int32), jnp.zeros((draft_len + 1,))
+      zeros_L1,
+      zeros_L1,
+      jnp.zeros((draft_len + 1,), jnp.int32),
+      jnp.zeros((draft_len + 1,)),
+      jnp.zeros((draft_len + 1,)),
     ),
   )
 
@@ -260,30 +266,32 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
     p_V = jnp.where(in_draft, p_KxLxV[rep, t_draft], q_V)
     x_K = drafts_KxL[:, t_draft]
     valid_K = s.alive_K & in_draft
-    token, accepted, rho = verifier(keys_L1[s.t], x_K, p_V, q_V, valid_K, rho_mode, rho_value)
-    match_K = valid_K & (x_K == token)
+    verdict = verifier(keys_L1[s.t], x_K, p_V, q_V, valid_K)
+    match_K = valid_K & (x_K == verdict.token)
     hit = jnp.any(match_K)
     stats = BlockStats(
       s.stats.hit_L1.at[s.t].set(hit),
-      s.stats.accepted_L1.at[s.t].set(accepted),
+      s.stats.accepted_L1.at[s.t].set(verdict.accepted),
       s.stats.survivors_L1.at[s.t].set(jnp.sum(valid_K)),
-      s.stats.rho_L1.at[s.t].set(rho),
+      s.stats.rho_L1.at[s.t].set(verdict.rho),
+      s.stats.overshoot_L1.at[s.t].set(verdict.overshoot),
     )
-    return _WalkState(s.t + 1, ~hit, match_K, s.tokens_L1.at[s.t].set(token), stats)
+    return _WalkState(s.t + 1, ~hit, match_K, s.tokens_L1.at[s.t].set(verdict.token), stats)
 
   final = jax.lax.while_loop(lambda s: ~s.done, step, init)
   return final.tokens_L1, final.t, final.stats
 
 
-def _block_walk(key, drafts_KxL, p_KxLxV, q_KxL1xV):
+def _block_walk(verify_fn, key, drafts_KxL, p_KxLxV, q_KxL1xV):
   """A block-level verifier with the walk's return values: positions before the stopping
   point tau = num_tokens - 1 count as hit and accepted; tau holds the correction (or bonus)
   draw; survivors are the paths agreeing with the verified path there."""
-  tokens_L1, num_tokens, plan = block.verify_paths(key, drafts_KxL, p_KxLxV, q_KxL1xV)
+  tokens_L1, num_tokens, survivors_L1 = verify_fn(key, drafts_KxL, p_KxLxV, q_KxL1xV)
   index_L1 = jnp.arange(drafts_KxL.shape[1] + 1)
   accepted_L1 = index_L1 < num_tokens - 1
-  survivors_L1 = jnp.where(index_L1 < num_tokens, plan.survivors_L1, 0)
-  stats = BlockStats(accepted_L1, accepted_L1, survivors_L1, jnp.zeros(index_L1.shape))
+  survivors_L1 = jnp.where(index_L1 < num_tokens, survivors_L1, 0)
+  zeros_L1 = jnp.zeros(index_L1.shape)
+  stats = BlockStats(accepted_L1, accepted_L1, survivors_L1, zeros_L1, zeros_L1)
   return tokens_L1, num_tokens, stats
 
 
@@ -293,13 +301,12 @@ def _verify_block(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, *, method, rho_
 
 
 def check_method(method: str, num_drafts: int) -> None:
-  """Raises a clear error for an unknown method or a K that the method cannot take."""
-  if method not in METHODS:
-    raise ValueError(f"unknown verification method {method!r}; expected one of {METHODS}")
-  if method == "sd" and num_drafts != 1:
-    raise ValueError(f"method 'sd' verifies a single draft, got K = {num_drafts}")
-  if method in block.METHODS:
-    block.check_method(method, num_drafts)
+  """Raises a clear error for a method that verifies no drafts, an unknown one, or a K
+  that the method cannot take."""
+  record = methods.get(method)
+  if not record.speculative:
+    raise ValueError(f"method {method!r} verifies no drafts")
+  record.check_drafts(num_drafts)
 
 
 def verify_block(
@@ -318,8 +325,10 @@ def verify_block(
     key: PRNG key.
     drafts_KxL: int draft tokens.
     p_KxLxV: draft distributions. q_KxL1xV: target distributions.
-    method: "kseq", "specinfer", "optimal", "gbv", or "sd" / "block" (K = 1).
-    rho: K-SEQ split factor: "star", "k" or a number (see `kseq`).
+    method: a speculative method of the registry (`spectr_jax.methods`): "kseq",
+      "specinfer", "optimal", "gbv", or "sd" / "block" (K = 1).
+    rho: K-SEQ split factor: "star", "k" or a number (see `kseq`); ignored by methods
+      without one.
     return_stats: also return a `BlockStats`.
 
   Returns:

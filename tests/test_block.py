@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import acceptance, block, block_bound, optimal, sampling
+from spectr_jax import acceptance, block, block_bound, methods, optimal, sampling
 from tests import sequences, stats
 
 N = 100_000
@@ -205,7 +205,7 @@ def test_gbv_with_one_draft_is_block_and_vmaps():
   keys = jax.random.split(jax.random.key(0), 64)
   runs = {
     m: jax.jit(jax.vmap(lambda k, m=m: block.block_verify(k, drafts, p, q, method=m)))(keys)
-    for m in block.METHODS
+    for m in methods.names(level="block")
   }
   for a, b in zip(runs["block"], runs["gbv"], strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -232,7 +232,7 @@ def test_identical_models_accept_everything():
 
 @pytest.mark.parametrize(
   "method, num_drafts, message",
-  [("beam", 1, "unknown block verification method"), ("block", 2, "single draft")],
+  [("beam", 1, "unknown method"), ("block", 2, "single draft"), ("kseq", 2, "not a block")],
 )
 def test_bad_input(method, num_drafts, message):
   drafts = jnp.zeros((num_drafts, 2), jnp.int32)

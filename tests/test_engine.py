@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import engine, rounds, sampling, sharding
+from spectr_jax import engine, methods, rounds, sampling, sharding
 from spectr_jax.models import ModelBundle, commit, get_model_config, init_params
 from tests import stats
 
@@ -211,7 +211,25 @@ def test_nonfinite_logits_are_counted_not_sampled(models):
   broken = ModelBundle(target.config, jax.tree.map(lambda x: x * jnp.nan, target.params))
   out = _generate(draft, broken, "kseq", 2, 2, 6, batch=4)
   assert np.all(np.asarray(out.stats.nonfinite_B) == 1)
+  assert np.all(np.asarray(out.stats.nonfinite_draft_B) == 0)
   assert np.all(np.asarray(out.lengths_B) == 0)
+  broken = ModelBundle(draft.config, jax.tree.map(lambda x: x * jnp.nan, draft.params))
+  out = _generate(broken, target, "kseq", 2, 2, 6, batch=4)
+  assert np.all(np.asarray(out.stats.nonfinite_draft_B) == 1)
+
+
+def test_an_invalid_fixed_rho_is_counted_and_exact_rules_never(models):
+  """Issue 24: K-SEQ with rho = 1 at K = 4 overshoots the target at positions where the
+  draft is likelier than the target; the engine counts them (rho*, rho = K: none)."""
+  draft, target = models
+  for rho, invalid in (("star", False), ("k", False), (1.0, True)):
+    out = _generate(draft, target, "kseq", 4, 2, 6, batch=64, rho=rho)
+    count = int(np.sum(np.asarray(out.stats.invalid_BxL1)))
+    overshoot = float(np.sum(np.asarray(out.stats.overshoot_BxL1)))
+    verified = int(np.sum(np.asarray(out.stats.reached_BxL1)[:, :2]))
+    assert (count > 0) == invalid and count <= verified, (rho, count)
+    # Exact rules overshoot by float32 rounding only (far below the tolerance).
+    assert (overshoot > verified * methods.OVERSHOOT_TOL) == invalid, (rho, overshoot)
 
 
 def test_row_randomness_is_per_prompt(models):
@@ -296,6 +314,12 @@ def test_second_call_does_not_recompile(models):
     (dict(max_new_tokens=2.0), "max_new_tokens must be an integer"),
     (dict(prompt_ids=jnp.asarray([0, 1])), "prompt_ids has shape"),
     (dict(prompt_ids=jnp.asarray([0.5])), "prompt_ids must hold integers"),
+    # Issue 24: silent casts and cryptic errors.
+    (dict(prompt_lengths=np.asarray([2.7])), "prompt_lengths must hold integers"),
+    (dict(prompt_ids=np.asarray([2**40])), r"prompt_ids must hold integers in \["),
+    (dict(key=0), "key must be a PRNG key"),
+    (dict(key=jax.random.split(jax.random.key(0), 2)), "key must be one PRNG key"),
+    (dict(other_params=True), "draft's parameters do not match its config"),
     (
       dict(prompts=jnp.zeros((0, 3), jnp.int32), prompt_lengths=jnp.zeros((0,), jnp.int32)),
       "at least one row",
@@ -307,6 +331,9 @@ def test_bad_input(models, change, message):
   if change.pop("vocab_mismatch", False):
     config = get_model_config("draft-test", V + 1, max_len=24)
     draft = ModelBundle(config, draft.params)
+  if change.pop("other_params", False):
+    draft = ModelBundle(draft.config, target.params)
+  key = change.pop("key", jax.random.key(0))
   kw = dict(
     draft=draft,
     target=target,
@@ -319,4 +346,4 @@ def test_bad_input(models, change, message):
   )
   kw.update(change)
   with pytest.raises(ValueError, match=message):
-    engine.generate(jax.random.key(0), **kw)
+    engine.generate(key, **kw)

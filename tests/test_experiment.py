@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from configs import lm1b_spectr, rho_ablation
-from spectr_jax import engine, experiment, memory, pairs, results
+from spectr_jax import experiment, memory, methods, pairs, results
 from spectr_jax.config import DecodeSettings, RhoAblationConfig, SweepConfig
 from spectr_jax.data import TokenizedSplit
 from spectr_jax.models import ModelBundle, get_model_config, init_params
@@ -55,11 +55,11 @@ def test_configs_convert(arg):
   sweep = SweepConfig.from_dict(lm1b_spectr.get_config(arg).to_dict())
   ablation = RhoAblationConfig.from_dict(rho_ablation.get_config(arg).to_dict())
   assert ablation.sweep.name != sweep.name
-  assert set(sweep.methods) <= set(engine.METHODS)
+  assert set(sweep.methods) <= set(methods.names())
   if arg is None:
     assert (sweep.num_drafts, sweep.draft_lens, sweep.seeds) == ((1, 2, 4, 8), (2, 4, 8), (0, 1, 2))
     assert (sweep.decoding.num_prompts, sweep.decoding.temperature) == (1000, 1.0)
-    assert ("optimal" in sweep.methods) == ("optimal" in engine.METHODS)
+    assert ("optimal" in sweep.methods) == ("optimal" in methods.names())
   if arg and "lm1b_text" in arg:
     assert sweep.pair.draft.data.source == "lm1b_text"
     assert sweep.pair.draft.data.path == "/data/lm1b"

@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import NamedSharding
 
 from configs import pod_gemma2_9b_v5e8, pod_llama_v4_32, pretrained
-from spectr_jax import memory, sharding
+from spectr_jax import memory, methods, sharding
 from spectr_jax.config import SweepConfig
 from spectr_jax.models import (
   config_from_hf,
@@ -59,7 +59,7 @@ def test_plan_pads_the_batch_and_drops_the_draft_cache_without_drafts():
   plan = memory.plan(DRAFT, CONFIG, mesh, method="gbv", num_drafts=3, draft_len=4, **args)
   assert plan.rows == 2 and plan.cache_len == 5 + 20 + 4 + 1
   assert plan.cache["target"] == memory.cache_bytes(CONFIG, 8, 3, 4, 30, mesh)
-  row = memory.probability_bytes("gbv", 3, 4, 1024) + memory.PLAN_WORKSPACE_BYTES
+  row = memory.probability_bytes("gbv", 3, 4, 1024) + methods.PLAN_WORKSPACE_BYTES
   assert plan.probabilities == 2 * row
   assert plan.total == sum(plan.parts.values())
   assert "weights" in plan.table() and "KV cache" in plan.table()

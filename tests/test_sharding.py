@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spectr_jax import engine, sharding
+from spectr_jax import engine, methods, sharding
 from spectr_jax.models import (
   ModelBundle,
   Transformer,
@@ -206,7 +206,7 @@ def _decode(pair, method, mesh, k=2, length=2):
 @pytest.mark.parametrize(
   "method, shapes",
   [("kseq", ((1, 1), (8, 1)))]
-  + [pytest.param(m, ((8, 1),), marks=pytest.mark.slow) for m in engine.METHODS if m != "kseq"],
+  + [pytest.param(m, ((8, 1),), marks=pytest.mark.slow) for m in methods.names() if m != "kseq"],
 )
 def test_data_only_meshes_give_the_same_tokens(pair, method, shapes):
   """Data-only meshes: the tokens and statistics of no mesh, bit for bit ((1, 1) runs

@@ -72,10 +72,9 @@ def _internal(method, rho_mode="star", rho_value=0.0):
 
   def verifier(key, drafts_K, p_V, q_V):
     valid_K = jnp.ones(drafts_K.shape, bool)
-    token, accepted, _ = verify._VERIFIERS[method](
-      key, drafts_K, p_V, q_V, valid_K, rho_mode, jnp.float32(rho_value)
-    )
-    return token, accepted
+    fn = verify._position_function(method, rho_mode, jnp.float32(rho_value))
+    verdict = fn(key, drafts_K, p_V, q_V, valid_K)
+    return verdict.token, verdict.accepted
 
   return verifier
 
@@ -348,7 +347,7 @@ def _block(method="kseq", draft_len=2, q_len=3):
     (lambda: verify.specinfer(_KEY, _D2, _f32([0.5, 0.6]), _HALF), "normalised"),
     (lambda: verify.kseq(_KEY, _D2, _HALF, _HALF, valid_K=jnp.ones(3, bool)), "valid_K"),
     (lambda: verify.kseq(_KEY, _D2, _HALF, _HALF, rho=0.0), "rho"),
-    (lambda: _block(method="beam"), "unknown verification method"),
+    (lambda: _block(method="beam"), "unknown method"),
     (lambda: _block(method="sd"), "single draft"),
     (lambda: _block(q_len=2), "q_KxL1xV has shape"),
     (lambda: _block(draft_len=0, q_len=1), "L >= 1"),

@@ -19,35 +19,34 @@ Usage:
   cache = commit(cache, tail_idx_B, num_B)
 """
 
-from spectr_jax.models.bundle import ModelBundle, init_params
-from spectr_jax.models.cache import KVCache, commit, init_cache, reset_tails, rollback
-from spectr_jax.models.config import (
-  ModelConfig,
-  RopeScaling,
-  count_params,
-  expected_num_params,
-  get_model_config,
-  model_config_names,
-)
-from spectr_jax.models.pretrained import CheckpointFormatError, config_from_hf, load_pretrained
-from spectr_jax.models.transformer import Transformer
+import importlib
 
-__all__ = [
-  "CheckpointFormatError",
-  "KVCache",
-  "ModelBundle",
-  "ModelConfig",
-  "RopeScaling",
-  "Transformer",
-  "commit",
-  "config_from_hf",
-  "count_params",
-  "expected_num_params",
-  "get_model_config",
-  "init_cache",
-  "init_params",
-  "load_pretrained",
-  "model_config_names",
-  "reset_tails",
-  "rollback",
-]
+# Loaded on first use, so the config boundary can import `ModelConfig` without JAX.
+_EXPORTS = {
+  "CheckpointFormatError": "pretrained",
+  "KVCache": "cache",
+  "ModelBundle": "bundle",
+  "ModelConfig": "config",
+  "RopeScaling": "config",
+  "Transformer": "transformer",
+  "check_params": "bundle",
+  "commit": "cache",
+  "config_from_hf": "pretrained",
+  "count_params": "bundle",
+  "expected_num_params": "config",
+  "get_model_config": "config",
+  "init_cache": "cache",
+  "init_params": "bundle",
+  "load_pretrained": "pretrained",
+  "model_config_names": "config",
+  "reset_tails": "cache",
+  "rollback": "cache",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(f"spectr_jax.models.{_EXPORTS[name]}"), name)
+  raise AttributeError(f"module 'spectr_jax.models' has no attribute {name!r}")

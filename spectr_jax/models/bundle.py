@@ -1,9 +1,11 @@
 """A model config with its parameters, and fresh parameters for a config."""
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from spectr_jax.models.config import ModelConfig
@@ -40,3 +42,35 @@ def init_params(config: ModelConfig, key: jax.Array) -> Any:
   """
   tokens_1x1 = jnp.zeros((1, 1), jnp.int32)
   return jax.jit(Transformer(config).init)(key, tokens_1x1)["params"]
+
+
+def count_params(params: Any) -> int:
+  """Returns the total number of scalars in a parameter pytree."""
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+
+
+@functools.cache
+def _param_shapes(config: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+  shapes = jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))
+  return {
+    tuple(str(getattr(k, "key", k)) for k in path): tuple(leaf.shape)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(shapes)
+  }
+
+
+def check_params(bundle: ModelBundle, name: str = "model") -> None:
+  """Raises ValueError when `bundle.params` is not a parameter tree of `bundle.config`
+  (a missing, extra or misshapen parameter, named by its path): parameters of another
+  config would otherwise fail deep inside a compiled program, or not at all."""
+  want = _param_shapes(bundle.config)
+  got = {
+    tuple(str(getattr(k, "key", k)) for k in path): tuple(np.shape(leaf))
+    for path, leaf in jax.tree_util.tree_leaves_with_path(bundle.params)
+  }
+  for path in sorted(set(want) | set(got)):
+    if want.get(path) != got.get(path):
+      where = "/".join(path)
+      raise ValueError(
+        f"the {name}'s parameters do not match its config: {where} has shape "
+        f"{got.get(path, 'missing')}, the config implies {want.get(path, 'none')}"
+      )

@@ -1,10 +1,10 @@
-"""Model hyper-parameters: a frozen dataclass and the named sizes."""
+"""Model hyper-parameters: a frozen dataclass and the named sizes (no JAX: the config
+boundary, `spectr_jax.config`, builds these without importing it)."""
 
 import dataclasses
 from typing import Any
 
-import jax
-import jax.numpy as jnp
+import ml_dtypes  # noqa: F401 (registers bfloat16 with numpy)
 import numpy as np
 
 _BLOCKS = ("parallel", "sequential")
@@ -134,7 +134,7 @@ class ModelConfig:
       raise ValueError(
         f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
       )
-    jnp.dtype(self.dtype)
+    np.dtype(self.dtype)
     if self.output_vocab_size is not None and not 1 <= self.output_vocab_size <= self.vocab_size:
       raise ValueError(
         f"output_vocab_size must lie in [1, vocab_size = {self.vocab_size}], "
@@ -165,9 +165,9 @@ class ModelConfig:
         raise ValueError(f"{name} must be positive (or None), got {value}")
 
   @property
-  def compute_dtype(self) -> jnp.dtype:
+  def compute_dtype(self) -> np.dtype:
     """The dtype of activations and of the KV cache."""
-    return jnp.dtype(self.dtype)
+    return np.dtype(self.dtype)
 
   @property
   def num_logits(self) -> int:
@@ -246,11 +246,6 @@ def get_model_config(name: str, vocab_size: int, **overrides: Any) -> ModelConfi
 def model_config_names() -> tuple[str, ...]:
   """Returns the names `get_model_config` accepts."""
   return tuple(_SIZES)
-
-
-def count_params(params: Any) -> int:
-  """Returns the total number of scalars in a parameter pytree."""
-  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
 
 
 def expected_num_params(config: ModelConfig) -> int:

@@ -1,0 +1,312 @@
+"""The method registry: one record per decoding method, the seam every layer iterates over.
+
+A record says everything the rest of the framework needs to know about a method: its
+verify function and whether it decides per position ("token") or over the whole block
+("block"), which K it takes and what it becomes at K = 1, whether it takes the split
+factor rho, the drafting scheme its drafts come from, its verifier workspace (memory
+plan), its closed-form per-position acceptance where one exists, and how reports label,
+order, draw and compare it. The engine, `experiment.expand`, `memory`, `analysis`,
+`report` and the configs read this table; none of them names a method.
+
+Adding a verifier: write its function (one module, or one function in an existing one)
+with the signature of its level, add one `Method` to `METHODS` below, and test it
+(tests/test_methods.py checks every record's references and the boundary uniforms).
+
+  token level:  fn(key, drafts_K, p_V, q_V, valid_K) -> Verdict
+                (methods with `takes_rho` also get keyword arguments rho_mode, rho_value)
+                k = sum(valid_K) valid drafts, i.i.d. from p (or drawn by the method's
+                drafting scheme); with none valid, the function samples q.
+  block level:  fn(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockVerdict
+                (index convention of `verify.verify_block`).
+
+Functions are named by "module:function" strings and imported on first use, so this
+module (and the config boundary that validates method names with it) imports no JAX.
+"""
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+__all__ = [
+  "LEVELS",
+  "METHODS",
+  "OVERSHOOT_TOL",
+  "BlockVerdict",
+  "Drafting",
+  "DRAFTING",
+  "Method",
+  "Verdict",
+  "check_rho",
+  "get",
+  "names",
+  "resolve",
+]
+
+LEVELS = ("none", "token", "block")
+RHO_NAMES = ("star", "k")
+# An overshoot (`Verdict.overshoot`) above this marks a position whose output law is not q
+# (float32 rounding of an exact verifier stays orders of magnitude below it).
+OVERSHOOT_TOL = 1e-6
+
+
+class Verdict(NamedTuple):
+  """What a token-level verifier returns for one position.
+
+  token: the int32 output token. accepted: whether it came from the accept branch.
+  rho: the split factor used (K-SEQ; 1 for single-draft rules, 0 for methods without one).
+  overshoot: sum_x max(A(x) - q(x), 0), the mass by which the accept branch's law A
+    exceeds the target: 0 for an exact verifier; > 0 means the residual would be
+    negative and the output law is not q (a fixed rho below what the position needs).
+  """
+
+  token: Any
+  accepted: Any
+  rho: Any = 0.0
+  overshoot: Any = 0.0
+
+
+class BlockVerdict(NamedTuple):
+  """What a block-level verifier returns for one block (index t = 0..L).
+
+  tokens_L1: the emitted tokens, `tokens_L1[:num_tokens]` (the rest 0).
+  num_tokens: 1 <= num_tokens <= L + 1.
+  survivors_L1: the draft paths that agree with the verified path at depth t.
+  """
+
+  tokens_L1: Any
+  num_tokens: Any
+  survivors_L1: Any
+
+
+def resolve(reference: str) -> Callable:
+  """The object a "module:name" reference names (imported on first use)."""
+  module, _, name = reference.partition(":")
+  return getattr(importlib.import_module(module), name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafting:
+  """A drafting scheme: how a round's K draft sequences are drawn.
+
+  Attributes:
+    name: the registry key.
+    draft: "module:function" of the scheme (see `spectr_jax.drafting`).
+    bound: "module:function" of the per-position optimum for k drafts of this scheme,
+      (p_XxV, q_XxV, k) -> [X], or "" where none is implemented.
+    bound_label: how tables name that bound.
+    summary: one line for docs and reports.
+  """
+
+  name: str
+  draft: str
+  bound: str
+  bound_label: str
+  summary: str
+
+
+DRAFTING: dict[str, Drafting] = {
+  d.name: d
+  for d in (
+    Drafting(
+      name="iid",
+      draft="spectr_jax.drafting:iid",
+      bound="spectr_jax.acceptance:optimal_acceptance_X",
+      bound_label="optimal alpha*",
+      summary="K i.i.d. draft sequences of length L (duplicates are separate chances)",
+    ),
+  )
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One decoding method.
+
+  Attributes:
+    name: the registry key (what configs, cells and `engine.generate` use).
+    level: "none" (autoregressive: no drafts), "token" (walked position by position by
+      `verify.walk`) or "block" (decides over the whole block).
+    verify: "module:function" of the verify function ("" for level "none").
+    summary: one line for docs and reports (with the paper it comes from).
+    max_drafts: the largest K it takes (None: any K >= 1).
+    single: the method it is at K = 1 ("kseq" is "sd" there); sweeps run it only at
+      K >= 2 and draw that method's K = 1 cell as the start of its line. None: itself.
+    takes_rho: it has a split factor rho ("star", "k" or a number; one sweep cell per
+      rho); only these verify functions see rho.
+    drafting: the name of its drafting scheme in `DRAFTING`.
+    workspace_bytes: one row's verifier workspace beyond the round's probability arrays
+      (`memory.plan`; e.g. the optimal plan's levels).
+    acceptance: "module:function" of its exact per-position hit probability with k
+      drafts, (p_XxV, q_XxV, k[, rho]) -> [X] (methods with `takes_rho` get rho), or "".
+    label: the name tables and plots print.
+    style: the matplotlib line style of its block-efficiency-vs-K line ("" = no line:
+      single-draft and baseline methods).
+    compare_with: methods it is compared with cell by cell (paired gains in reports).
+  """
+
+  name: str
+  level: str
+  verify: str
+  summary: str
+  max_drafts: int | None = None
+  single: str | None = None
+  takes_rho: bool = False
+  drafting: str = "iid"
+  workspace_bytes: int = 0
+  acceptance: str = ""
+  label: str = ""
+  style: str = ""
+  compare_with: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    if self.level not in LEVELS:
+      raise ValueError(f"method {self.name!r}: level must be one of {LEVELS}")
+    if self.drafting not in DRAFTING and self.level != "none":
+      raise ValueError(f"method {self.name!r}: unknown drafting scheme {self.drafting!r}")
+    if not self.label:
+      object.__setattr__(self, "label", self.name)
+
+  @property
+  def speculative(self) -> bool:
+    """Whether it verifies drafts (all but autoregressive decoding)."""
+    return self.level != "none"
+
+  @property
+  def multi_draft(self) -> bool:
+    """Whether it takes K >= 2."""
+    return self.speculative and self.max_drafts is None
+
+  def function(self) -> Callable:
+    """The verify function (imported on first use)."""
+    return resolve(self.verify)
+
+  def acceptance_function(self) -> Callable | None:
+    """The closed-form per-position acceptance, or None."""
+    return resolve(self.acceptance) if self.acceptance else None
+
+  def check_drafts(self, num_drafts: int) -> None:
+    """Raises a clear error for a K this method cannot take."""
+    if self.max_drafts is not None and num_drafts > self.max_drafts:
+      raise ValueError(f"method {self.name!r} verifies a single draft, got K = {num_drafts}")
+
+  def grid_drafts(self, num_drafts: Sequence[int]) -> list[int]:
+    """The K values of a sweep grid this method runs (K = 1 only where it is itself)."""
+    if not self.speculative:
+      return [1]
+    if self.max_drafts is not None:
+      return [1]
+    if self.single is None:
+      return list(num_drafts)
+    return [k for k in num_drafts if k >= 2]
+
+
+# The optimal plan's workspace: its O(M^2) levels and rates at M = 128 cuts, 1232 KiB
+# measured at V = 1024, K = 2 (docs/PERFORMANCE.md; it grows little with V).
+PLAN_WORKSPACE_BYTES = 1232 * 1024
+
+METHODS: dict[str, Method] = {
+  m.name: m
+  for m in (
+    Method(
+      name="autoregressive",
+      level="none",
+      verify="",
+      summary="target only, one token per round (the baseline)",
+      max_drafts=1,
+    ),
+    Method(
+      name="sd",
+      level="token",
+      verify="spectr_jax.verify:sd_position",
+      summary="single-draft speculative sampling (Leviathan et al. 2023; Chen et al. 2023)",
+      max_drafts=1,
+      acceptance="spectr_jax.acceptance:overlap_X",
+    ),
+    Method(
+      name="kseq",
+      level="token",
+      verify="spectr_jax.verify:kseq_position",
+      summary="SpecTr's K-SEQ with split factor rho (Sun et al., NeurIPS 2023)",
+      single="sd",
+      takes_rho=True,
+      acceptance="spectr_jax.acceptance:kseq_acceptance_X",
+      style="-",
+    ),
+    Method(
+      name="specinfer",
+      level="token",
+      verify="spectr_jax.verify:specinfer_position",
+      summary="SpecInfer's recursive rejection sampling (Miao et al. 2024)",
+      single="sd",
+      acceptance="spectr_jax.acceptance:specinfer_acceptance_X",
+      style="--",
+    ),
+    Method(
+      name="optimal",
+      level="token",
+      verify="spectr_jax.optimal:position_verdict",
+      summary="the OT-optimal verifier reaching alpha* (docs/OPTIMAL_VERIFIER.md)",
+      single="sd",
+      workspace_bytes=PLAN_WORKSPACE_BYTES,
+      acceptance="spectr_jax.acceptance:optimal_acceptance_X",
+      style=":",
+      compare_with=("kseq",),
+    ),
+    Method(
+      name="block",
+      level="block",
+      verify="spectr_jax.block:verify_paths",
+      summary="block verification of one draft (Sun et al., ICLR 2025)",
+      max_drafts=1,
+      compare_with=("sd",),
+    ),
+    Method(
+      name="gbv",
+      level="block",
+      verify="spectr_jax.block:verify_paths",
+      summary="multi-path block verification: OT-optimal selection, then block "
+      "verification against its law (derived here, docs/BLOCK_VERIFICATION.md)",
+      single="block",
+      workspace_bytes=PLAN_WORKSPACE_BYTES,
+      style="-.",
+      compare_with=("optimal", "kseq"),
+    ),
+  )
+}
+
+
+def names(*, speculative: bool | None = None, level: str | None = None) -> tuple[str, ...]:
+  """The registered method names in registry order, optionally filtered."""
+  return tuple(
+    m.name
+    for m in METHODS.values()
+    if (speculative is None or m.speculative == speculative) and (level is None or m.level == level)
+  )
+
+
+def get(name: str) -> Method:
+  """The record of method `name`; a clear error listing the known ones otherwise."""
+  if name not in METHODS:
+    raise ValueError(f"unknown method {name!r}; expected one of {names()}")
+  return METHODS[name]
+
+
+def check_rho(rho: Any) -> str | float:
+  """A split factor as configs and cells store it: "star", "k" or a float >= 1.
+
+  Raises:
+    ValueError: anything else (a string other than those two, a non-finite number, a
+      number below 1, a bool, a sequence).
+  """
+  if isinstance(rho, str):
+    if rho not in RHO_NAMES:
+      raise ValueError(f"unknown rho {rho!r}: expected 'star', 'k' or a number >= 1")
+    return rho
+  try:
+    value = float(rho)
+  except (TypeError, ValueError):
+    raise ValueError(f"a fixed rho must be a finite number >= 1, got {rho!r}") from None
+  if isinstance(rho, bool) or not (1.0 <= value < float("inf")):
+    raise ValueError(f"a fixed rho must be a finite number >= 1, got {rho!r}")
+  return value

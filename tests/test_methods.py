@@ -1,0 +1,179 @@
+"""The method registry: every record resolves, the boundary uniforms, exactness flags.
+
+- Every registered function reference imports and every record is consistent.
+- Boundary uniforms (issue 24): with every uniform forced to 0.0 or to the largest float
+  below 1 (and the sampler's random words to 0 and to 2^32 - 1), no verifier, at any K
+  and L, emits a token the target gives probability 0 (one-hot targets, drafts on the
+  forbidden tokens).
+- A fixed rho below what a position needs is counted (its overshoot is the closed form's
+  deficit); rho* and every other method never are.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spectr_jax import acceptance, drafting, methods, verify
+
+_BELOW_ONE = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
+
+
+def test_every_reference_resolves_and_records_are_consistent():
+  for method in methods.METHODS.values():
+    if method.speculative:
+      assert callable(method.function()), method.name
+      assert method.drafting in methods.DRAFTING
+    if method.acceptance:
+      assert callable(method.acceptance_function()), method.name
+    if method.single is not None:
+      single = methods.get(method.single)
+      assert single.max_drafts == 1 and single.level in ("token", method.level)
+    for baseline in method.compare_with:
+      methods.get(baseline)
+  for scheme in methods.DRAFTING.values():
+    assert callable(methods.resolve(scheme.draft))
+    assert callable(methods.resolve(scheme.bound))
+
+
+def test_unknown_method_and_rho_are_named():
+  with pytest.raises(ValueError, match="unknown method 'beam'"):
+    methods.get("beam")
+  for bad in ("best", 0.5, float("nan"), True, [2.0], None):
+    with pytest.raises(ValueError, match="rho"):
+      methods.check_rho(bad)
+  assert methods.check_rho(2) == 2.0 and methods.check_rho("k") == "k"
+
+
+def _cases(method: methods.Method):
+  ks = [1] if method.max_drafts == 1 else [1, 2, 3]
+  return [(k, length) for k in ks for length in (1, 2, 3)]
+
+
+# Every method at its largest K and L in the fast tier, every (K, L) with --runslow.
+_ALL = [
+  pytest.param(
+    m.name,
+    k,
+    length,
+    id=f"{m.name}-K{k}-L{length}",
+    marks=() if (k, length) == _cases(m)[-1] else pytest.mark.slow,
+  )
+  for m in methods.METHODS.values()
+  if m.speculative
+  for k, length in _cases(m)
+]
+
+
+@pytest.fixture
+def forced_randomness(monkeypatch):
+  """Forces `jax.random.uniform` to one value and `jax.random.bits` to one word, traced
+  afresh (the compiled programs are dropped before and after)."""
+
+  def force(uniform: float, word: int):
+    def fake_uniform(key, shape=(), dtype=jnp.float32, minval=0.0, maxval=1.0):
+      del key, minval, maxval
+      return jnp.full(shape, uniform, dtype)
+
+    def fake_bits(key, shape=(), dtype=jnp.uint32):
+      del key
+      return jnp.full(shape, word, dtype)
+
+    monkeypatch.setattr(jax.random, "uniform", fake_uniform)
+    monkeypatch.setattr(jax.random, "bits", fake_bits)
+
+  jax.clear_caches()
+  yield force
+  jax.clear_caches()
+
+
+def _one_hot_block(k: int, length: int, allowed: int, vocab: int = 3):
+  """Drafts on forbidden tokens, p spread over the vocabulary, q one-hot on `allowed`."""
+  forbidden = [t for t in range(vocab) if t != allowed]
+  drafts_KxL = jnp.asarray(
+    [[forbidden[(i + t) % len(forbidden)] for t in range(length)] for i in range(k)], jnp.int32
+  )
+  p_KxLxV = jnp.full((k, length, vocab), 1.0 / vocab)
+  q_KxL1xV = jnp.broadcast_to(jax.nn.one_hot(allowed, vocab), (k, length + 1, vocab))
+  return drafts_KxL, p_KxLxV, q_KxL1xV
+
+
+@pytest.mark.parametrize("name, k, length", _ALL)
+def test_boundary_uniforms_never_emit_a_forbidden_token(forced_randomness, name, k, length):
+  walk = jax.jit(functools.partial(verify.walk, method=name, rho_mode="fixed"), static_argnames=())
+  for uniform in (0.0, _BELOW_ONE):
+    for word in (0, 2**32 - 1):
+      forced_randomness(uniform, word)
+      for allowed in (0, 2):
+        for rho in (1.0, float(k)):  # K-SEQ at rho = 1 too: the clipped residual is q here
+          drafts, p, q = _one_hot_block(k, length, allowed)
+          tokens, num, _ = walk(jax.random.key(0), drafts, p, q, jnp.float32(rho))
+          emitted = np.asarray(tokens)[: int(num)]
+          assert np.all(emitted == allowed), (uniform, word, allowed, rho, emitted)
+      jax.clear_caches()
+
+
+def test_boundary_words_never_draft_a_zero_probability_token(forced_randomness):
+  """The i.i.d. drafting scheme samples only tokens of positive draft probability."""
+  vocab = 5
+  logits_V = jnp.asarray([-jnp.inf, 0.0, -jnp.inf, 1.0, -jnp.inf])
+
+  def extend(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None):
+    b, k, t = tokens_BxKxT.shape
+    shape = (b, k, vocab) if logits_at_B is not None else (b, k, t, vocab)
+    return jnp.broadcast_to(logits_V, shape), cache
+
+  probs = functools.partial(jax.nn.softmax, axis=-1)
+  for word in (0, 2**32 - 1):
+    forced_randomness(0.0, word)
+    out = drafting.iid(
+      extend,
+      None,
+      None,
+      jnp.zeros((2, 2), jnp.int32),
+      jnp.ones((2,), jnp.int32),
+      jax.random.split(jax.random.key(0), 2),
+      probs,
+      num_drafts=3,
+      draft_len=4,
+    )
+    assert set(np.unique(np.asarray(out.tokens_BxKxL))) <= {1, 3}, word
+    jax.clear_caches()
+
+
+_INVALID_RHO_PAIR = (
+  jnp.asarray([0.6, 0.3, 0.1], jnp.float32),  # p
+  jnp.asarray([0.2, 0.3, 0.5], jnp.float32),  # q: rho = 1 overshoots with k = 3
+)
+
+
+def test_overshoot_is_the_closed_form_deficit():
+  p_V, q_V = _INVALID_RHO_PAIR
+  drafts_K = jnp.asarray([0, 0, 1], jnp.int32)
+  valid_K = jnp.ones((3,), bool)
+  for rho in ("star", "k", 1.0, 1.5):
+    mode, value = acceptance.split_rho(rho)
+    verdict = verify.kseq_position(
+      jax.random.key(0), drafts_K, p_V, q_V, valid_K, rho_mode=mode, rho_value=value
+    )
+    deficit = float(acceptance.kseq_acceptance(p_V, q_V, 3, rho).deficit)
+    np.testing.assert_allclose(float(verdict.overshoot), deficit, atol=1e-7)
+    assert (float(verdict.overshoot) > methods.OVERSHOOT_TOL) == (rho in (1.0, 1.5)), rho
+
+
+@pytest.mark.parametrize("name", [m for m in methods.names(speculative=True)])
+def test_the_walk_reports_overshoot_only_for_an_invalid_rho(name):
+  k = 1 if methods.get(name).max_drafts == 1 else 3
+  p_V, q_V = _INVALID_RHO_PAIR
+  drafts_KxL = jnp.zeros((k, 2), jnp.int32)
+  p_KxLxV = jnp.broadcast_to(p_V, (k, 2, 3))
+  q_KxL1xV = jnp.broadcast_to(q_V, (k, 3, 3))
+  for rho in ("star", 1.0):
+    _, num, stats = verify.verify_block(
+      jax.random.key(0), drafts_KxL, p_KxLxV, q_KxL1xV, method=name, rho=rho, return_stats=True
+    )
+    first = float(stats.overshoot_L1[0])
+    invalid = methods.get(name).takes_rho and rho == 1.0 and k > 1
+    assert (first > methods.OVERSHOOT_TOL) == invalid, (name, rho, first)
