@@ -456,7 +456,7 @@ def write_report(results_dir: str | pathlib.Path, keys: Sequence[str] | None = N
     text += [f"Plot: {out / 'block_efficiency_vs_K.png'}", ""]
   ablation = results_dir / results.ANALYSIS_FILE
   if ablation.exists():
-    result = json.loads(ablation.read_text())
+    result = results.read_analysis(ablation)
     write_csv(result["rows"], out / "acceptance.csv")
     plot_acceptance(result, out / "acceptance_vs_K.png")
     text += [

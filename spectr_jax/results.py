@@ -28,6 +28,8 @@ from typing import Any
 
 from absl import logging
 
+from spectr_jax.config import DecodeSettings
+
 RESULTS_FILE = "results.jsonl"
 PROVENANCE_FILE = "provenance.jsonl"
 ANALYSIS_FILE = "analysis.json"
@@ -75,6 +77,7 @@ class Field:
   required: bool = True
 
 
+_TYPE_KINDS = {float: "number", int: "int", bool: "bool", str: "str"}
 # A cell (`experiment.Cell.as_record`: its fields with the decoding settings inlined).
 CELL_FIELDS: dict[str, Field] = {
   "method": Field("str"),
@@ -82,13 +85,7 @@ CELL_FIELDS: dict[str, Field] = {
   "draft_len": Field("int"),
   "rho": Field("rho"),
   "seed": Field("int"),
-  "temperature": Field("number"),
-  "top_k": Field("int"),
-  "top_p": Field("number"),
-  "num_prompts": Field("int"),
-  "prompt_len": Field("int"),
-  "max_new_tokens": Field("int"),
-  "stop_at_eos": Field("bool"),
+  **{f.name: Field(_TYPE_KINDS[f.type]) for f in dataclasses.fields(DecodeSettings)},
   "pair": Field("str"),
 }
 # A results record (`experiment.run_cell`, completed by the sweep).
@@ -103,6 +100,9 @@ RECORD_FIELDS: dict[str, Field] = {
   "hits": Field("ints", "positions"),
   "accepted": Field("ints", "positions"),
   "survivors": Field("ints", "positions"),
+  # Where the verifier was not exact (issue 24; older records lack them).
+  "invalid": Field("ints", "positions", required=False),
+  "overshoot": Field("numbers", "positions", required=False),
   "nonfinite": Field("int"),
   "block_efficiency": Field("number"),
   "warmup_seconds": Field("number"),

@@ -53,7 +53,7 @@ ORDER = (
 CORE = set(ORDER[: ORDER.index("engine") + 1])
 ONLY = {
   "report": {"results", "metrics", "methods"},
-  "results": set(),
+  "results": {"config"},
   "metrics": set(),
   "methods": set(),
 }
