@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from configs import lm1b_spectr, rho_ablation
-from spectr_jax import experiment, memory, methods, pairs, results
+from spectr_jax import checks, experiment, memory, methods, pairs, results
 from spectr_jax.config import DecodeSettings, RhoAblationConfig, SweepConfig
 from spectr_jax.data import TokenizedSplit
 from spectr_jax.models import ModelBundle, get_model_config, init_params
@@ -415,3 +415,59 @@ def test_unwritable_results_file_stops_the_sweep_before_any_line(pair, tmp_path,
     experiment.run_sweep(config, pair)
   assert not (config.results_path / results.PROVENANCE_FILE).exists()
   assert path.read_text() == ""
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (dict(num_drafts=()), "num_drafts is empty"),
+    (dict(rhos=()), "rhos is empty"),
+    (dict(seeds=()), "seeds is empty"),
+    (dict(methods=()), "methods is empty"),
+    (dict(draft_lens=()), "draft_lens is empty"),
+    (dict(num_drafts=(1, 2, 2)), "num_drafts lists a value twice"),
+    (dict(rhos=(3.0,)), r"rhos \(3.0,\) give method 'kseq' no cell at K = 2"),
+    (dict(num_drafts=(1,)), "num_drafts \\(1,\\) gives method 'kseq' no cell"),
+  ],
+)
+def test_grids_that_drop_cells_are_errors_before_any_pair_is_loaded(change, message):
+  """Issue 24: these dropped K-SEQ's cells silently, or failed after the pair was loaded
+  with `max() arg is an empty sequence`."""
+  values = lm1b_spectr.get_config("test").to_dict()
+  values.update(change)
+  with pytest.raises(ValueError, match=message):
+    SweepConfig.from_dict(values)
+
+
+def test_an_unknown_config_override_is_named():
+  """Issue 24: `--config.decoding.foo=1` was AttributeError: "'foo'"."""
+  out = subprocess.run(
+    [sys.executable, "-m", "experiments.report", "--config", "configs/lm1b_spectr.py:test",
+     "--config.decoding.foo=1"],
+    cwd=_REPO, capture_output=True, text=True,
+  )  # fmt: skip
+  assert out.returncode != 0
+  assert "--config.decoding has no field 'foo' (max_new_tokens, num_prompts" in out.stderr
+
+
+def test_a_cell_with_non_finite_logits_is_not_saved(pair, tmp_path):
+  """Issue 24: a model with NaN weights gave cells of 0 tokens, saved without a word."""
+  broken = ModelBundle(pair.target.config, jax.tree.map(lambda x: x * np.nan, pair.target.params))
+  bad = dataclasses.replace(pair, target=broken)
+  config = sweep_config(tmp_path, methods=("sd",), shard=False)
+  with pytest.raises(checks.NonFiniteError, match=r"cell sd K=1 L=2 seed=0: the target model"):
+    experiment.run_sweep(config, bad)
+  assert (
+    not (config.results_path / results.RESULTS_FILE).exists()
+    or not (config.results_path / results.RESULTS_FILE).read_text()
+  )
+
+
+def test_refuse_inexact_stops_at_an_invalid_rho(pair, tmp_path):
+  config = sweep_config(tmp_path, methods=("kseq",), rhos=("star", 1.0), shard=False)
+  records = experiment.run_sweep(config, pair)
+  invalid = {r["cell"]["rho"]: sum(r["invalid"]) for r in records}
+  assert invalid["star"] == 0 and invalid[1.0] > 0
+  refusing = dataclasses.replace(config, results_dir=str(tmp_path / "r2"), refuse_inexact=True)
+  with pytest.raises(experiment.InexactError, match="rho=1.0 seed=0 is not exact"):
+    experiment.run_sweep(refusing, pair)

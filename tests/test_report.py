@@ -182,3 +182,50 @@ def test_report_entry_point(tmp_path):
     check=True,
   )
   assert "| sd | 1 | 4 | - | 2.00 |" in run.stdout
+
+
+def _counted(record, invalid, overshoot):
+  """`record` with the per-position exactness counts of a sweep (issue 24)."""
+  length = record["cell"]["draft_len"] + 1
+  return dict(record, invalid=[invalid] + [0] * (length - 1), overshoot=[overshoot] * length)
+
+
+def test_an_inexact_rho_is_ranked_apart_and_marked(tmp_path):
+  """Issue 24: K-SEQ at rho = 1.5 with invalid positions led the ablation's table (its
+  block efficiency above every exact method's) with nothing saying it is not exact."""
+  records = []
+  for record in _records():
+    fixed = record["cell"]["rho"] == 1.5
+    records.append(_counted(record, 3 if fixed else 0, 0.02 if fixed else 0.0))
+  # The inexact row has the largest block efficiency of all.
+  records = [dict(r, rounds=[2, 2]) if r["cell"]["rho"] == 1.5 else r for r in records]
+  rows = report.summarize(records)
+  assert [r["exact"] for r in rows] == [True, True, True, False]
+  fixed = rows[-1]
+  assert fixed["rho"] == 1.5 and fixed["block_efficiency"] == max(
+    r["block_efficiency"] for r in rows
+  )
+  reached = sum(sum(r["reached"][:4]) for r in records if r["cell"]["rho"] == 1.5)
+  assert fixed["invalid"] == pytest.approx(6 / reached)
+  _write(tmp_path, records)
+  markdown = report.write_report(tmp_path)
+  exact_part, inexact_part = markdown.split("## Not exact")
+  assert "rho=1.5" not in exact_part and "| kseq | 4 | 4 | rho* |" in exact_part
+  assert "| kseq | 4 | 4 | rho=1.5 | 8.00 |" in inexact_part
+
+
+def test_cells_that_decoded_nothing_are_left_out_and_named(tmp_path):
+  """Issue 24: cells of 0 tokens (non-finite weights) made the report divide by zero."""
+  records = _records()
+  dead = [
+    dict(r, emitted=[0, 0], rounds=[0, 0], timed_tokens=0)
+    for r in records
+    if r["cell"]["method"] in ("autoregressive", "sd")
+  ]
+  keep = [r for r in records if r["cell"]["method"] not in ("autoregressive", "sd")]
+  _write(tmp_path, keep + dead)
+  markdown = report.write_report(tmp_path)
+  assert "## Cells left out" in markdown
+  assert markdown.count("(key ") == len(dead)
+  rows = report.summarize(keep + dead)
+  assert {r["method"] for r in rows} == {"kseq"} and all(r["speedup"] is None for r in rows)

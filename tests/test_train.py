@@ -17,7 +17,7 @@ import pytest
 from configs import draft as draft_config
 from configs import eval_pair as eval_pair_config
 from configs import target as target_config
-from spectr_jax import analysis, data, evaluate, runs, train
+from spectr_jax import analysis, checks, data, evaluate, runs, train
 from spectr_jax.config import EvalConfig, TrainConfig
 from spectr_jax.models import ModelBundle, init_params
 from tests.training import small_config
@@ -266,6 +266,17 @@ def test_evaluate_pair(draft_run, target_run, tmp_path):
   assert 1.0 < results["target_heldout_ppl"] < 600
   assert results["draft_params"] < results["target_params"]
   assert len(results["sampled_acceptance_by_position"]) == config.num_tokens
+
+
+def test_evaluating_a_model_with_non_finite_weights_names_it(target_run):
+  """Issue 24: a NaN model gave NaN figures without an error."""
+  config, _, bundle = target_run
+  dataset = data.load_dataset(config.data)
+  broken = ModelBundle(bundle.config, jax.tree.map(lambda x: x * np.nan, bundle.params))
+  c = eval_pair_config.get_config("test")
+  eval_config = EvalConfig(**{f: c[f] for f in EvalConfig.__dataclass_fields__})
+  with pytest.raises(checks.NonFiniteError, match="the draft model's held-out loss is nan"):
+    evaluate.evaluate_pair(broken, bundle, dataset, config.data.seq_len, eval_config)
 
 
 def test_iid_block_efficiency():
