@@ -165,7 +165,7 @@ def test_bad_distill_configs(changes, match):
 
 def test_bad_train_configs_with_distillation():
   values = distill_config.get_config("test").to_dict()
-  with pytest.raises(ValueError, match="unknown DistillConfig fields"):
+  with pytest.raises(ValueError, match=r"unknown TrainConfig.distill fields \['divergenc'\]"):
     TrainConfig.from_dict(dict(values, distill=dict(values["distill"], divergenc="tv")))
   with pytest.raises(ValueError, match="gives a source no row"):
     TrainConfig.from_dict(dict(values, distill=dict(values["distill"], data="corpus:1,target:99")))
