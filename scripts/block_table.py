@@ -1,18 +1,24 @@
 """Every verifier's exact expected tokens per round beside the block-level LP bound.
 
-On random autoregressive trees (p and q drawn per prefix from a Dirichlet; V in 2-4,
-L in 1-3, K in 1-3 with V^(L K) <= 4096) and on the SPEC examples (context-independent
-p and q), computes by enumeration (nothing sampled):
+On small trees, by enumeration (nothing sampled): the SPEC examples (context-independent
+p and q) and random trees of five kinds (p and q drawn per prefix from a Dirichlet with
+a = 0.3, 1 or 3; "sparse": a = 1 with random zeros in p and q; "ties": q = p on a random
+set of >= 2 tokens per prefix) over every (V, L, K) with V in 2-4, L in 1-3, K in 1-4 and
+V^(L K) <= 4096:
 
-  token-level walks (`verify.verify_block`): sd (K = 1), kseq (rho*), specinfer, optimal:
+  token-level walks (`verify.verify_block`): sd, kseq (rho*), specinfer, optimal:
     E[tokens] over all K-tuples of paths, walking each position's exact conditional law
     given the surviving drafts;
-  block-level (`block.block_verify`): block (K = 1), gbv: 1 + E[sum_i w_i];
-  bound: the multi-path verification LP (`block_bound.block_bound`).
+  block-level (`block.block_verify`): block, gbv, gbv_tp: 1 + E[sum_i w_i]
+    (`block_bound.block_value`);
+  the single-draft methods (sd, block) at K = 1 on the same tree, in every row;
+  bound: the multi-path verification LP for each method's drafting scheme
+    (`block_bound.multiset_bound` of `block_bound.MULTISETS[scheme]`).
 
-Prints a markdown table and a summary: is the bound reached, by whom, the worst gap.
+Prints a markdown table and a summary: each method's ratio to its bound, who reaches it,
+where gbv_tp gains or loses against gbv, block and optimal.
 
-Usage: PYTHONPATH=$PWD python scripts/block_table.py [--cases 120] [--seed 0]
+Usage: PYTHONPATH=$PWD python scripts/block_table.py [--cases 150] [--seed 0]
 """
 
 import argparse
@@ -21,11 +27,10 @@ import itertools
 
 import numpy as np
 
-from spectr_jax import block_bound, optimal
+from spectr_jax import block_bound, methods, optimal
 from tests import reference
 
-TOKEN_METHODS = ("sd", "kseq", "specinfer", "optimal")
-COLUMNS = ("sd", "block", "kseq", "specinfer", "optimal", "gbv")
+TOL = 1e-5  # tokens per round: "at the bound", "above", "below" (float32 plans)
 
 
 @functools.cache
@@ -59,6 +64,12 @@ LAWS = {
   "specinfer": reference.specinfer_law,
   "optimal": optimal_law,
 }
+BLOCK_ENUMERATED = ("block", "gbv", "gbv_tp")  # `block_bound.block_value` methods
+# The table's columns: every registered speculative method (registry order) that has an
+# exact enumeration here; the others are named in the summary.
+COLUMNS = tuple(m for m in methods.names(speculative=True) if m in LAWS or m in BLOCK_ENUMERATED)
+NOT_ENUMERATED = tuple(m for m in methods.names(speculative=True) if m not in COLUMNS)
+SCHEMES = tuple(dict.fromkeys(methods.get(m).drafting for m in COLUMNS))
 
 
 def token_value(p_tab, q_tab, num_drafts: int, draft_len: int, method: str) -> float:
@@ -86,30 +97,62 @@ def token_value(p_tab, q_tab, num_drafts: int, draft_len: int, method: str) -> f
   probs = block_bound.path_probs(p_tab, draft_len)
   value = 0.0
   for idx in itertools.product(range(len(paths)), repeat=num_drafts):
-    value += np.prod(probs[list(idx)]) * walk(0, 0, tuple(paths[i] for i in idx))
+    weight = np.prod(probs[list(idx)])
+    if weight > 0:
+      value += weight * walk(0, 0, tuple(paths[i] for i in idx))
   return value
 
 
+def single_draft(method: str) -> bool:
+  return methods.get(method).max_drafts == 1
+
+
 def case_values(p_tab, q_tab, num_drafts: int, draft_len: int) -> dict[str, float]:
-  """Every method's exact E[tokens per round] on one tree, and the LP bound."""
+  """Every method's exact E[tokens per round] on one tree (single-draft methods at
+  K = 1), the bound of each drafting scheme ("bound <scheme>") and the K = 1 bound."""
   values = {}
-  for method in TOKEN_METHODS:
-    if method != "sd" or num_drafts == 1:
-      values[method] = token_value(p_tab, q_tab, num_drafts, draft_len, method)
-  gbv = block_bound.block_value(p_tab, q_tab, num_drafts, draft_len)
-  values["gbv"] = gbv
-  if num_drafts == 1:
-    values["block"] = gbv
-  values["bound"] = block_bound.block_bound(p_tab, q_tab, num_drafts, draft_len)
+  for method in COLUMNS:
+    k = 1 if single_draft(method) else num_drafts
+    if method in LAWS:
+      values[method] = token_value(p_tab, q_tab, k, draft_len, method)
+    else:
+      values[method] = block_bound.block_value(p_tab, q_tab, k, draft_len, method=method)
+  for scheme in SCHEMES:
+    law = block_bound.MULTISETS[scheme](p_tab, num_drafts, draft_len)
+    values[f"bound {scheme}"] = block_bound.multiset_bound(p_tab, q_tab, law, draft_len)
+  values["bound K=1"] = block_bound.block_bound(p_tab, q_tab, 1, draft_len)
   return values
 
 
-def random_tree(rng, vocab: int, draft_len: int, conc: float):
+def bound_of(row: dict, method: str) -> float:
+  """The bound a method is measured against: its scheme's at the row's K (K = 1 for the
+  single-draft methods)."""
+  if single_draft(method):
+    return row["bound K=1"]
+  return row[f"bound {methods.get(method).drafting}"]
+
+
+def random_tree(rng, vocab: int, draft_len: int, kind: str):
+  """A random tree of one of the kinds of the module docstring ("a=0.3", "a=1", "a=3",
+  "sparse", "ties")."""
   shape = (draft_len + 1, vocab**draft_len)
-  return (
-    rng.dirichlet(np.full(vocab, conc), size=shape),
-    rng.dirichlet(np.full(vocab, conc), size=shape),
-  )
+  conc = float(kind[2:]) if kind.startswith("a=") else 1.0
+  p = rng.dirichlet(np.full(vocab, conc), size=shape)
+  q = rng.dirichlet(np.full(vocab, conc), size=shape)
+  for node in itertools.product(range(shape[0]), range(shape[1])):
+    if kind == "sparse":
+      for table in (p, q):
+        keep = rng.random(vocab) < 0.6
+        keep[rng.integers(vocab)] = True
+        table[node] = np.where(keep, table[node], 0.0) / table[node][keep].sum()
+    elif kind == "ties":
+      tied = rng.permutation(vocab)[: rng.integers(2, vocab + 1)]
+      rest = np.setdiff1d(np.arange(vocab), tied)
+      q[node] = 0.0
+      q[node][tied] = p[node][tied]
+      if rest.size:
+        q[node][rest] = (1.0 - p[node][tied].sum()) * rng.dirichlet(np.ones(rest.size))
+  return p, q
 
 
 def constant_tree(p, q, draft_len: int):
@@ -120,80 +163,126 @@ def constant_tree(p, q, draft_len: int):
 
 
 SHAPES = [
-  (v, n, k) for v in (2, 3, 4) for n in (1, 2, 3) for k in (1, 2, 3) if v ** (n * k) <= 4096
+  (v, n, k) for v in (2, 3, 4) for n in (1, 2, 3) for k in (1, 2, 3, 4) if v ** (n * k) <= 4096
 ]
+KINDS = ("a=0.3", "a=1", "a=3", "sparse", "ties")
 SPEC_EXAMPLES = {
-  "toy (Sun et al.)": ([1 / 3, 2 / 3], [2 / 3, 1 / 3]),
-  "spec-example": ([0.6, 0.4], [0.3, 0.7]),
+  "toy (Sun et al.)": ([1 / 3, 2 / 3], [2 / 3, 1 / 3], ((2, 1), (2, 2), (2, 3), (3, 1), (3, 3))),
+  "spec-example": ([0.6, 0.4], [0.3, 0.7], ((2, 1), (2, 2), (2, 3), (3, 1), (3, 3))),
+  "p = q uniform": ([0.5, 0.5], [0.5, 0.5], ((1, 1), (1, 2), (1, 3), (2, 2), (2, 3))),
 }
 
 
 def cases(num_random: int, seed: int):
-  """(name, V, L, K, p_tab, q_tab): the SPEC examples, then random trees."""
+  """(name, V, L, K, p_tab, q_tab): the SPEC examples, then random trees (every shape
+  once per kind, kinds in turn)."""
   out = []
-  for name, (p, q) in SPEC_EXAMPLES.items():
-    for draft_len, num_drafts in ((2, 1), (2, 2), (2, 3), (3, 1), (3, 3)):
-      out.append((name, 2, draft_len, num_drafts, *constant_tree(p, q, draft_len)))
+  for name, (p, q, shapes) in SPEC_EXAMPLES.items():
+    for draft_len, num_drafts in shapes:
+      out.append((name, len(p), draft_len, num_drafts, *constant_tree(p, q, draft_len)))
   rng = np.random.default_rng(seed)
   for i in range(num_random):
     vocab, draft_len, num_drafts = SHAPES[i % len(SHAPES)]
-    conc = (0.3, 1.0, 3.0)[(i // len(SHAPES)) % 3]
-    out.append(
-      (f"random a={conc}", vocab, draft_len, num_drafts, *random_tree(rng, vocab, draft_len, conc))
-    )
+    kind = KINDS[(i // len(SHAPES)) % len(KINDS)]
+    out.append((kind, vocab, draft_len, num_drafts, *random_tree(rng, vocab, draft_len, kind)))
   return out
 
 
+def _count(diffs, what: str) -> str:
+  diffs = np.asarray(diffs)
+  return (
+    f"{what}: above on {np.sum(diffs > TOL)}, equal (within {TOL:g}) on "
+    f"{np.sum(np.abs(diffs) <= TOL)}, below on {np.sum(diffs < -TOL)}; mean difference "
+    f"{diffs.mean():+.4f}, largest gain {diffs.max():+.4f}, largest loss {diffs.min():+.4f}"
+  )
+
+
 def summary(rows) -> list[str]:
-  """Lines on the bound: who reaches it, the worst gaps, block >= sd."""
+  """Lines: each method against its bound; gbv_tp against gbv, block and optimal."""
   lines = []
+  multi = [r for r in rows if r["K"] > 1]
   for col in COLUMNS:
-    gaps = [r["bound"] - r[col] for r in rows if col in r]
-    if not gaps:
-      continue
-    reached = sum(g <= 1e-5 for g in gaps)
-    lines.append(
-      f"- {col}: {len(gaps)} cases, reaches the bound (within 1e-5) on {reached}; "
-      f"mean gap {np.mean(gaps):.4f}, worst gap {max(gaps):.4f} tokens/round"
+    group = [r for r in rows if r["K"] == 1] if single_draft(col) else rows
+    ratios = np.array([r[col] / bound_of(r, col) for r in group])
+    gaps = np.array([bound_of(r, col) - r[col] for r in group])
+    at = np.sum(gaps <= TOL)
+    line = (
+      f"- {col}: {len(group)} cases{' (K = 1)' if single_draft(col) else ''}, mean ratio "
+      f"to the bound {ratios.mean():.4f} (worst {ratios.min():.4f}), at the bound on {at} "
+      f"({at / len(group):.0%})"
     )
-  above = max(r[c] - r["bound"] for r in rows for c in COLUMNS if c in r)
-  lines.append(f"- largest excess of any method over the bound: {above:.2e} (float32 rounding)")
-  k1 = [r for r in rows if "block" in r]
-  lines.append(
-    f"- K = 1: bound - block at most {max(r['bound'] - r['block'] for r in k1):.2e}; "
-    f"block - sd at least {min(r['block'] - r['sd'] for r in k1):.2e}"
-  )
-  multi = [r for r in rows if "block" not in r]
-  diff = [r["gbv"] - r["optimal"] for r in multi]
-  lines.append(
-    f"- K > 1 ({len(multi)} cases): gbv - optimal at least {min(diff):.2e}, above 1e-5 on "
-    f"{sum(d > 1e-5 for d in diff)}; gbv reaches the bound on "
-    f"{sum(r['bound'] - r['gbv'] <= 1e-5 for r in multi)}, optimal on "
-    f"{sum(r['bound'] - r['optimal'] <= 1e-5 for r in multi)}"
-  )
+    if not single_draft(col):
+      at_multi = sum(bound_of(r, col) - r[col] <= TOL for r in multi)
+      line += f"; with K > 1: {at_multi} of {len(multi)} ({at_multi / len(multi):.0%})"
+    lines.append(line)
+  above = max(r[c] - bound_of(r, c) for r in rows for c in COLUMNS)
+  lines.append(f"- largest excess of any method over its bound: {above:.2e} (float32 plans)")
+  if {"gbv", "gbv_tp"} <= set(COLUMNS) and multi:
+    lines.append(
+      f"- K > 1 ({len(multi)} cases), "
+      + _count([r["gbv_tp"] - r["gbv"] for r in multi], "gbv_tp vs gbv")
+    )
+    lines.append(
+      "- K > 1, "
+      + _count([r["gbv_tp"] - r["block"] for r in multi], "gbv_tp (K drafts) vs block (one draft)")
+    )
+    lines.append(
+      "- K > 1, "
+      + _count([r["gbv_tp"] - r["optimal"] for r in multi], "gbv_tp vs optimal (token level)")
+    )
+    lines.append("- K > 1, " + _count([r["gbv"] - r["optimal"] for r in multi], "gbv vs optimal"))
+  if NOT_ENUMERATED:
+    lines.append(f"- registered but not enumerated here: {', '.join(NOT_ENUMERATED)}")
+  return lines
+
+
+def breakdown(rows) -> list[str]:
+  """By tree kind, K and L (cases with K > 1): each multi-draft method's mean ratio to its
+  bound and its share of cases at the bound, and how often it is the best of them."""
+  multi = [c for c in COLUMNS if not single_draft(c)]
+  head = "| cases (K > 1) | n | " + " | ".join(multi) + " | best (share of cases) |"
+  lines = [head, "|" + "---|" * (len(multi) + 3)]
+  groups = {}
+  for field, label in (("kind", "{}"), ("K", "K = {}"), ("L", "L = {}")):
+    for r in rows:
+      if r["K"] > 1:
+        groups.setdefault(label.format(r[field]), []).append(r)
+  for name, group in groups.items():
+    cells, best = [], {c: 0 for c in multi}
+    for c in multi:
+      ratio = np.mean([r[c] / bound_of(r, c) for r in group])
+      at = np.mean([bound_of(r, c) - r[c] <= TOL for r in group])
+      cells.append(f"{ratio:.4f} ({at:.0%})")
+    for r in group:
+      top = max(r[c] for c in multi)
+      for c in multi:
+        best[c] += r[c] >= top - TOL
+    wins = ", ".join(f"{c} {best[c] / len(group):.0%}" for c in multi if best[c])
+    lines.append(f"| {name} | {len(group)} | " + " | ".join(cells) + f" | {wins} |")
   return lines
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--cases", type=int, default=120, help="number of random trees")
+  parser.add_argument("--cases", type=int, default=150, help="number of random trees")
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
   rows = []
-  print("| case | V | L | K | " + " | ".join(COLUMNS) + " | bound |")
-  print("|" + "---|" * (len(COLUMNS) + 5))
+  names = [f"{c} (K=1)" if single_draft(c) else c for c in COLUMNS]
+  bounds = [f"bound ({s})" for s in SCHEMES]
+  print("| case | V | L | K | " + " | ".join(names + bounds) + " |")
+  print("|" + "---|" * (len(names) + len(bounds) + 4))
   for name, vocab, draft_len, num_drafts, p_tab, q_tab in cases(args.cases, args.seed):
     values = case_values(p_tab, q_tab, num_drafts, draft_len)
-    rows.append(values)
-    cells = [f"{values[c]:.4f}" if c in values else "-" for c in COLUMNS]
+    rows.append({**values, "K": num_drafts, "L": draft_len, "kind": name})
+    cells = [f"{values[c]:.4f}" for c in COLUMNS] + [f"{values[f'bound {s}']:.4f}" for s in SCHEMES]
     print(
-      f"| {name} | {vocab} | {draft_len} | {num_drafts} | "
-      + " | ".join(cells)
-      + f" | {values['bound']:.4f} |",
-      flush=True,
+      f"| {name} | {vocab} | {draft_len} | {num_drafts} | " + " | ".join(cells) + " |", flush=True
     )
   print()
   print("\n".join(summary(rows)))
+  print()
+  print("\n".join(breakdown(rows)))
 
 
 if __name__ == "__main__":

@@ -17,10 +17,9 @@ With the draft X_1..X_L and w_0 = 1:
 P(tau >= i | X^i) = w_i, so E[tokens] = 1 + sum_i E[w_i]: never below token-level "sd"
 (whose per-prefix acceptance is prod_j min(1, q/p) <= w_i).
 
-"gbv" (K >= 1): greedy multi-path block verification. Thomas & Pal (arXiv 2602.16961)
-define GBV; the text of their algorithm was not available to us, so this rule is derived
-here (proof in the doc) and may differ from theirs. It selects one draft path greedily,
-depth by depth, and block-verifies it against the law of the selection:
+"gbv" (K >= 1): multi-path block verification derived here (proof in the doc; Thomas &
+Pal's GBV is "gbv_tp" below). It selects one draft path greedily, depth by depth, and
+block-verifies it against the law of the selection:
 
   at depth t the k_t paths that agree with the selected prefix Z^t survive; Z_{t+1} is
   chosen among their tokens by the OT-optimal per-position selection of
@@ -31,6 +30,23 @@ depth by depth, and block-verifies it against the law of the selection:
 
 At L = 1 this is the token-level optimal verifier (accept sum min(r, q) = alpha*).
 With K = 1, r = p and "gbv" is "block" (with the same randomness).
+
+"gbv_tp" (K >= 1): Thomas & Pal's greedy multi-path block verification (arXiv 2602.16961),
+as SPEC section 5 writes it. At every node u the tokens are put in ONE total order
+(`ratio_rank`: by q_u / p_u, ties broken by token id, the lower id ranking higher; tokens
+with p_u = 0, never drafted, lowest), used both to choose and in the CDF below. The
+selected path Z is the lexicographically largest of the K paths in that order (from the
+root, the present child of highest rank). Its law given Z^t = u (`skewed_law`), with
+x_u = P(a path starts with u), C_u = P(a path's |u|-prefix is <= u), A = C_u - x_u and
+F_u the CDF of p_u in the order:
+
+  s_u(t) = P(max of K paths passes through u.t) / P(it passes through u)
+         = p_u(t) H(A + x_u F_u(t), A + x_u F_u(t) - x_u p_u(t)) / H(A + x_u, A),
+  H(a, b) = sum_{i<K} a^i b^(K-1-i) = (a^K - b^K) / (a - b)
+
+(every term non-negative: no cancellation; computed with x = x_u / C_u and a = A / C_u,
+both in [0, 1], as H is homogeneous). Then "block" runs along Z with s in place of p. The
+selection needs no randomness; with K = 1, s = p and "gbv_tp" is "block" (same draws).
 
 Every token is drawn with `sampling.categorical`. All functions are pure, jit/vmap-able
 with static shapes.
@@ -49,7 +65,10 @@ __all__ = [
   "BlockPlan",
   "block_plan",
   "block_verify",
+  "ratio_rank",
+  "skewed_law",
   "verify_paths",
+  "verify_tp_paths",
 ]
 
 
@@ -57,7 +76,8 @@ class BlockPlan(NamedTuple):
   """Everything block verification decides before its random draws (one block).
 
   path_L: the verified path Z (tokens). draft_L1xV: the law Z's token was drawn from at
-  each depth (p for "block", the selection law r for "gbv"; row L is unused).
+  each depth (p for "block", the selection law r for "gbv", the skewed law s for
+  "gbv_tp"; row L is unused).
   target_L1xV: q(. | Z^t) for t = 0..L. weight_L1: w_0..w_L. stop_L1: h_0..h_L
   (h_0 = 1: tau = 0 when no later index succeeds). survivors_L1: paths agreeing with Z^t
   at depth t (0 at t = L). rep: a path index equal to Z.
@@ -72,9 +92,21 @@ class BlockPlan(NamedTuple):
   rep: jax.Array
 
 
-def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, select_u_Lx2) -> BlockPlan:
-  """Path selection and weights of "gbv" (= "block" for K = 1), given the selection
-  uniforms `select_u_Lx2` in [0, 1) (two per depth, see `optimal.select`)."""
+def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, select, state) -> BlockPlan:
+  """The selected path and the weights and stop probabilities of block verification along
+  it, against the law each of its tokens was drawn from.
+
+  Args:
+    drafts_KxL, p_KxLxV, q_KxL1xV: as in `block_verify`.
+    select: the path selection, `select(t, x_K, alive_K, p_V, q_V, state) -> (index,
+      law_V, state)`: at depth t, of the tokens x_K of the paths alive_K that agree with
+      the selected prefix (they share p_V, q_V), x_K[index] is chosen; law_V is the law
+      of that choice given the selected prefix alone.
+    state: the selection's carry at the root.
+
+  Returns:
+    The `BlockPlan`.
+  """
   num_drafts, draft_len = drafts_KxL.shape
   alive_K = jnp.ones((num_drafts,), bool)
   weight = jnp.float32(1.0)
@@ -85,10 +117,7 @@ def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, select_u_Lx2) -> BlockPlan:
     p_V, q_V = p_KxLxV[rep, t], q_KxL1xV[rep, t]
     k = jnp.sum(alive_K)
     x_K = drafts_KxL[:, t]
-    # One survivor (always at K = 1): its law is p, and no plan is built.
-    index, r_V = optimal.select_draft(
-      select_u_Lx2[t, 0], select_u_Lx2[t, 1], x_K, alive_K, p_V, q_V, max_k=num_drafts
-    )
+    index, r_V, state = select(t, x_K, alive_K, p_V, q_V, state)
     z = x_K[index]
     r_z = r_V[z]
     weight = jnp.minimum(1.0, weight * jnp.where(r_z > 0, q_V[z] / jnp.where(r_z > 0, r_z, 1.0), 0))
@@ -121,10 +150,99 @@ def block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, select_u_Lx2) -> BlockPlan:
   )
 
 
-def _verify(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> tuple[BlockVerdict, BlockPlan]:
-  draft_len = drafts_KxL.shape[1]
+def _optimal_selection(select_u_Lx2, num_drafts: int):
+  """ "gbv"'s selection (`optimal.select_draft`, two uniforms in [0, 1) per depth); one
+  survivor (always at K = 1) is taken with law p, no plan built."""
+
+  def select(t, x_K, alive_K, p_V, q_V, state):
+    index, r_V = optimal.select_draft(
+      select_u_Lx2[t, 0], select_u_Lx2[t, 1], x_K, alive_K, p_V, q_V, max_k=num_drafts
+    )
+    return index, r_V, state
+
+  return select
+
+
+def ratio_rank(p_V, q_V):
+  """The node's total order of "gbv_tp" and the draft mass below each token in it.
+
+  Order: by the ratio q / p, ties broken by token id (the lower id ranks higher); tokens
+  with p = 0 (never drafted, no draft mass: their place changes neither the choice nor a
+  CDF) rank lowest, below ratio 0 (q = 0 < p).
+
+  Returns:
+    (rank_V, below_V): rank_V[t] in 0..V-1 (V - 1 = highest); below_V[t] = the sum of p
+    over the tokens ranked below t (an exclusive cumulative sum: F(t) = below_V[t] + p[t]).
+  """
+  ids_V = jnp.arange(p_V.shape[-1])
+  drafted_V = p_V > 0
+  ratio_V = jnp.where(drafted_V, q_V / jnp.where(drafted_V, p_V, 1), -1)
+  # Ascending: the lowest ratio first; among equal ratios the higher token id first.
+  _, _, order_V = jax.lax.sort((ratio_V, -ids_V, ids_V), num_keys=2)
+  rank_V = jnp.zeros_like(ids_V).at[order_V].set(ids_V)
+  # XLA may round each prefix sum in its own order (1 ulp out of order at V = 32k): the
+  # running maximum makes the CDF monotone in the order by construction.
+  cumulative_V = jax.lax.cummax(jnp.cumsum(p_V[order_V]))
+  below_sorted_V = jnp.concatenate([jnp.zeros((1,), p_V.dtype), cumulative_V[:-1]])
+  return rank_V, jnp.zeros_like(p_V).at[order_V].set(below_sorted_V)
+
+
+def _h(a, b, num_drafts: int):
+  """H(a, b) = sum_{i<K} a^i b^(K-1-i) by Horner's rule (non-negative terms only)."""
+  h, b_power = jnp.ones_like(a), jnp.ones_like(b)
+  for _ in range(num_drafts - 1):
+    b_power = b_power * b
+    h = a * h + b_power
+  return h
+
+
+def skewed_law(p_V, below_V, x, a, num_drafts: int):
+  """The law of the next token of "gbv_tp"'s selected path given its prefix u.
+
+  Args:
+    p_V: p_u. below_V: the draft mass below each token (`ratio_rank`).
+    x: x_u / C_u. a: (C_u - x_u) / C_u (module docstring; x = 1, a = 0 at the root).
+    num_drafts: K.
+
+  Returns:
+    s_V = p_V H(a + x F, a + x (F - p)) / H(a + x, a), >= 0, summing to 1 (to rounding);
+    p_V itself at K = 1. Where x underflows to 0 (a prefix rare beside those ranked
+    below it), s_V = p_V, its limit.
+  """
+  low_V = a + x * below_V
+  high_V = low_V + x * p_V
+  den = _h(a + x, a, num_drafts)
+  return p_V * _h(high_V, low_V, num_drafts) / jnp.where(den > 0, den, 1)
+
+
+def _max_selection(num_drafts: int):
+  """ "gbv_tp"'s selection: the present child of highest rank; the carry is (x, a) of the
+  selected prefix (`skewed_law`), updated to the child v = u.z: with low = a + x F(z) - x
+  p(z) and high = a + x F(z), x_v = x p(z) / high and a_v = low / high."""
+
+  def select(t, x_K, alive_K, p_V, q_V, state):
+    del t
+    x, a = state
+    rank_V, below_V = ratio_rank(p_V, q_V)
+    index = jnp.argmax(jnp.where(alive_K, rank_V[x_K], -1))
+    z = x_K[index]
+    low = a + x * below_V[z]
+    high = low + x * p_V[z]
+    high = jnp.where(high > 0, high, 1)
+    return index, skewed_law(p_V, below_V, x, a, num_drafts), (x * p_V[z] / high, low / high)
+
+  return select
+
+
+def _verify(key, drafts_KxL, p_KxLxV, q_KxL1xV, lexicographic: bool):
+  num_drafts, draft_len = drafts_KxL.shape
   select_key, stop_key, residual_key = jax.random.split(key, 3)
-  plan = block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, jax.random.uniform(select_key, (draft_len, 2)))
+  if lexicographic:
+    select, state = _max_selection(num_drafts), (jnp.float32(1.0), jnp.float32(0.0))
+  else:
+    select_u_Lx2 = jax.random.uniform(select_key, (draft_len, 2))
+    select, state = _optimal_selection(select_u_Lx2, num_drafts), ()
+  plan = block_plan(drafts_KxL, p_KxLxV, q_KxL1xV, select, state)
   # tau = the last index whose stop test succeeds, eta_i < h_i with eta_i in [0, 1): a stop
   # probability of 0 never succeeds (even at eta = 0.0) and one of 1 always does; index 0
   # always succeeds (h_0 = 1).
@@ -147,10 +265,18 @@ def _verify(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> tuple[BlockVerdict, BlockPlan
 def verify_paths(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockVerdict:
   """`block_verify` without its input checks (the block-level verify function of "gbv",
   and of "block" at K = 1, for use inside jit)."""
-  return _verify(key, drafts_KxL, p_KxLxV, q_KxL1xV)[0]
+  return _verify(key, drafts_KxL, p_KxLxV, q_KxL1xV, False)[0]
 
 
-_verify_jit = jax.jit(_verify)
+def verify_tp_paths(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockVerdict:
+  """The block-level verify function of "gbv_tp" (`block_verify` without its checks)."""
+  return _verify(key, drafts_KxL, p_KxLxV, q_KxL1xV, True)[0]
+
+
+_verify_jit = jax.jit(_verify, static_argnames="lexicographic")
+# The verify functions of this module, by registry reference: whether the selection is
+# "gbv_tp"'s lexicographic maximum.
+_LEXICOGRAPHIC = {"spectr_jax.block:verify_paths": False, "spectr_jax.block:verify_tp_paths": True}
 
 
 def block_verify(key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method: str = "gbv", return_plan=False):
@@ -162,7 +288,7 @@ def block_verify(key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method: str = "gbv", ret
       prefixes).
     p_KxLxV: draft distributions. q_KxL1xV: target distributions (index convention of
       `verify.verify_block`).
-    method: "block" (K = 1) or "gbv" (any K; K = 1 is "block").
+    method: "block" (K = 1), "gbv" or "gbv_tp" (any K; K = 1 is "block").
     return_plan: also return the `BlockPlan` (weights, stop probabilities, survivors).
 
   Returns:
@@ -170,11 +296,13 @@ def block_verify(key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method: str = "gbv", ret
     1 <= num_tokens <= L + 1; the emitted tokens follow the target's sequence law.
   """
   checks.shape("drafts_KxL", drafts_KxL, (None, None))
-  if methods.get(method).level != "block":
-    raise ValueError(f"{method!r} is not a block-level method; expected 'block' or 'gbv'")
-  methods.get(method).check_drafts(drafts_KxL.shape[0])
+  record = methods.get(method)
+  if record.verify not in _LEXICOGRAPHIC:
+    raise ValueError(f"{method!r} is not a block-level method of spectr_jax.block")
+  record.check_drafts(drafts_KxL.shape[0])
   checks.block("block_verify", drafts_KxL, p_KxLxV, q_KxL1xV)
-  verdict, plan = _verify_jit(key, drafts_KxL, p_KxLxV, q_KxL1xV)
+  lexicographic = _LEXICOGRAPHIC[record.verify]
+  verdict, plan = _verify_jit(key, drafts_KxL, p_KxLxV, q_KxL1xV, lexicographic=lexicographic)
   if return_plan:
     return verdict.tokens_L1, verdict.num_tokens, plan
   return verdict.tokens_L1, verdict.num_tokens

@@ -6,24 +6,42 @@ A *tree* is a pair of tables `p_tab`, `q_tab` of shape (L + 1) x V^L x V:
 paths are drawn i.i.d. from p's sequence law.
 
 - `block_value`, `block_law`: the exact expected tokens per round and the exact output law
-  of `block.block_verify` ("block" / "gbv"): every K-tuple of paths and every outcome of
-  the path selection enumerated, float64 (the per-node selection plans come from
-  `optimal.optimal_plan`, as in the library).
-- `block_bound`: the largest expected tokens per round of ANY exact verifier that sees the
-  K paths (and every probability of the tree): the multi-path verification LP, solved by
-  HiGHS over multisets of paths. Needs scipy (imported inside the function).
+  of `block.block_verify` ("block" / "gbv" / "gbv_tp"): every K-tuple of paths and every
+  outcome of the path selection enumerated, float64. "gbv"'s per-node selection plans come
+  from `optimal.optimal_plan` (float32, as in the library). For "gbv_tp" the selected
+  path is the lexicographic maximum of the tuple in the order of `block.ratio_rank`, and
+  its draft law is the library's `block.skewed_law` run in float64, with x_u and C_u
+  summed over the enumerated prefixes (not the library's recursion): so the law matches
+  the target only if the closed form is the law of the selection (`selected_path_law`).
+- `multiset_bound`: the largest expected tokens per round of ANY exact verifier that sees
+  the draft paths (and every probability of the tree), for any drafting law given as the
+  law of the multiset of paths (`MULTISETS`: one function per drafting scheme of
+  `methods.DRAFTING`); `block_bound` for K i.i.d. paths. The multi-path verification LP,
+  solved by HiGHS over multisets of paths. Needs scipy (imported inside the function).
 
 Cost grows as V^(L K); meant for V^(L K) <= 4096.
 """
 
 import itertools
 import math
+from collections.abc import Callable
 
+import jax
 import numpy as np
 
-from spectr_jax import optimal
+from spectr_jax import block, optimal
 
-__all__ = ["block_bound", "block_law", "block_value", "path_probs", "selection_probs"]
+__all__ = [
+  "MULTISETS",
+  "block_bound",
+  "block_law",
+  "block_value",
+  "iid_multisets",
+  "multiset_bound",
+  "path_probs",
+  "selected_path_law",
+  "selection_probs",
+]
 
 
 def path_probs(p_tab, draft_len: int) -> np.ndarray:
@@ -51,6 +69,16 @@ def selection_probs(x, levels_V1, slot_V) -> dict[int, float]:
       out[int(xi)] = out.get(int(xi), 0.0) + (level - prev) / len(group)
     prev = level
   return out
+
+
+def _stops(weights, draft_rows, target_rows):
+  """The stop probabilities h_0..h_L of a block plan (as `block.block_plan`)."""
+  w = np.array(weights)
+  rho = np.maximum(w[:, None] * target_rows - draft_rows, 0).sum(axis=1)
+  denom = rho + 1 - w
+  stop = np.where(denom > 0, rho / np.where(denom > 0, denom, 1), 0)
+  stop[-1], stop[0] = w[-1], 1.0
+  return w, stop
 
 
 class _Tree:
@@ -86,12 +114,7 @@ class _Tree:
       if t == draft_len:
         draft_rows = np.array(drafts + [np.zeros(vocab)])
         target_rows = np.array(targets + [q])
-        w = np.array(weights)
-        rho = np.maximum(w[:, None] * target_rows - draft_rows, 0).sum(axis=1)
-        denom = rho + 1 - w
-        stop = np.where(denom > 0, rho / np.where(denom > 0, denom, 1), 0)
-        stop[draft_len], stop[0] = w[draft_len], 1.0
-        yield prob, path, w, stop, draft_rows, target_rows
+        yield prob, path, *_stops(weights, draft_rows, target_rows), draft_rows, target_rows
         continue
       p = self.p_tab[t, code]
       x = [a[t] for a in alive]
@@ -124,59 +147,164 @@ def _tuples(p_tab, num_drafts, draft_len):
     yield np.prod(probs[list(idx)]), [paths[i] for i in idx]
 
 
-def block_value(p_tab, q_tab, num_drafts: int, draft_len: int) -> float:
+class _MaxTree:
+  """ "gbv_tp" on an enumerable tree, float64: node orders and skewed laws from the
+  library's `block.ratio_rank` and `block.skewed_law` run with 64-bit floats."""
+
+  def __init__(self, p_tab, q_tab, num_drafts, draft_len):
+    self.p_tab, self.q_tab = np.asarray(p_tab, np.float64), np.asarray(q_tab, np.float64)
+    self.num_drafts, self.draft_len = num_drafts, draft_len
+    self.vocab = p_tab.shape[-1]
+    self._orders, self._shares = {}, {}
+
+  def order(self, t, code):
+    """(rank_V, below_V) of `block.ratio_rank` at the node."""
+    if (t, code) not in self._orders:
+      with jax.enable_x64(True):
+        rank, below = block.ratio_rank(self.p_tab[t, code], self.q_tab[t, code])
+      self._orders[(t, code)] = np.asarray(rank), np.asarray(below, np.float64)
+    return self._orders[(t, code)]
+
+  def key(self, path):
+    """The path's place in the lexicographic order: its tokens' ranks, depth by depth."""
+    key, code = [], 0
+    for t, z in enumerate(path):
+      key.append(int(self.order(t, code)[0][z]))
+      code = code * self.vocab + z
+    return tuple(key)
+
+  def shares(self, t, code):
+    """(x_u / C_u, A / C_u) at the node u, summed over every prefix of length t."""
+    if t not in self._shares:
+      probs = path_probs(self.p_tab, t)
+      keys = [self.key(np.unravel_index(c, (self.vocab,) * t)) for c in range(probs.size)]
+      self._shares[t] = probs, keys
+    probs, keys = self._shares[t]
+    below = sum(prob for prob, k in zip(probs, keys, strict=True) if k < keys[code])
+    at = probs[code]
+    return at / (at + below), below / (at + below)
+
+  def path_law(self):
+    """P(Z = z) for the lexicographic maximum Z of K i.i.d. paths, by enumeration."""
+    law = {}
+    for weight, paths in _tuples(self.p_tab, self.num_drafts, self.draft_len):
+      if weight > 0:
+        z = max((tuple(path) for path in paths), key=self.key)
+        law[z] = law.get(z, 0.0) + weight
+    return law
+
+  def outcomes(self):
+    """Yields (prob, path, weight_L1, stop_L1, draft_L1xV, target_L1xV) per path Z."""
+    for path, prob in self.path_law().items():
+      code, weights, drafts, targets = 0, [1.0], [], []
+      for t, z in enumerate(path):
+        x, a = self.shares(t, code)
+        with jax.enable_x64(True):
+          s = block.skewed_law(self.p_tab[t, code], self.order(t, code)[1], x, a, self.num_drafts)
+        s, q = np.asarray(s, np.float64), self.q_tab[t, code]
+        weights.append(min(1.0, weights[-1] * q[z] / s[z]) if s[z] > 0 else 0.0)
+        drafts.append(s)
+        targets.append(q)
+        code = code * self.vocab + z
+      draft_rows = np.array(drafts + [np.zeros(self.vocab)])
+      target_rows = np.array(targets + [self.q_tab[self.draft_len, code]])
+      yield prob, list(path), *_stops(weights, draft_rows, target_rows), draft_rows, target_rows
+
+
+def selected_path_law(p_tab, q_tab, num_drafts: int, draft_len: int) -> dict[tuple, float]:
+  """The exact law of "gbv_tp"'s selected path (token tuples), by enumerating K-tuples."""
+  return _MaxTree(p_tab, q_tab, num_drafts, draft_len).path_law()
+
+
+def _outcomes(p_tab, q_tab, num_drafts, draft_len, method):
+  """Every (prob, path, weight_L1, stop_L1, draft_L1xV, target_L1xV) of the method."""
+  if method == "gbv_tp":
+    yield from _MaxTree(p_tab, q_tab, num_drafts, draft_len).outcomes()
+    return
+  if method not in ("block", "gbv"):
+    raise ValueError(f"no exact enumeration of method {method!r}; expected block, gbv, gbv_tp")
+  tree = _Tree(p_tab, q_tab, draft_len)
+  for weight, paths in _tuples(p_tab, num_drafts, draft_len):
+    for prob, *rest in tree.outcomes(paths):
+      yield weight * prob, *rest
+
+
+def block_value(p_tab, q_tab, num_drafts: int, draft_len: int, method: str = "gbv") -> float:
   """Exact E[tokens per round] of `block.block_verify`: 1 + E[sum_{i=1..L} w_i].
 
-  ("block" for K = 1, "gbv" for any K; P(tau >= i | history) = w_i.) Enumerates every
-  K-tuple of paths and every outcome of the selection.
+  ("block" for K = 1, "gbv" or "gbv_tp" for any K; P(tau >= i | history) = w_i.)
+  Enumerates every K-tuple of paths and every outcome of the selection.
   """
-  tree = _Tree(p_tab, q_tab, draft_len)
   value = 1.0
-  for weight, paths in _tuples(p_tab, num_drafts, draft_len):
-    for prob, _, w, _, _, _ in tree.outcomes(paths):
-      value += weight * prob * w[1:].sum()
+  for prob, _, w, _, _, _ in _outcomes(p_tab, q_tab, num_drafts, draft_len, method):
+    value += prob * w[1:].sum()
   return float(value)
 
 
-def block_law(p_tab, q_tab, num_drafts: int, draft_len: int):
+def block_law(p_tab, q_tab, num_drafts: int, draft_len: int, method: str = "gbv"):
   """Exact law of `block.block_verify`'s output completed by exact target draws.
 
   Returns (law, num_law): law over V^(L+1) sequences (base-V code) and the law of
   num_tokens (index 1..L+1; index 0 is 0). Exactness means law = the target's law.
   """
   vocab = p_tab.shape[-1]
-  tree = _Tree(p_tab, q_tab, draft_len)
   law = np.zeros(vocab ** (draft_len + 1))
   num_law = np.zeros(draft_len + 2)
-  for weight, paths in _tuples(p_tab, num_drafts, draft_len):
-    for prob, path, w, stop, draft_rows, target_rows in tree.outcomes(paths):
-      after = np.concatenate([np.cumprod(1 - stop[::-1])[::-1][1:], [1.0]])
-      tau_law = weight * prob * stop * after  # P(tau = i) = h_i prod_{j > i} (1 - h_j)
-      for tau in range(draft_len + 1):
-        if tau_law[tau] <= 0:
-          continue
-        target = target_rows[tau]
-        left = np.maximum(w[tau] * target - draft_rows[tau], 0)
-        y_law = left / left.sum() if tau < draft_len and left.sum() > 0 else target
-        num_law[tau + 1] += tau_law[tau]
-        code = 0
-        for z in path[:tau]:
-          code = code * vocab + z
-        prefix_law = np.zeros(vocab ** (tau + 1))
-        prefix_law[code * vocab : (code + 1) * vocab] = tau_law[tau] * y_law
-        for t in range(tau + 1, draft_len + 1):  # complete with exact target draws
-          prefix_law = (prefix_law[:, None] * q_tab[t, : vocab**t]).ravel()
-        law += prefix_law
+  for prob, path, w, stop, draft_rows, target_rows in _outcomes(
+    p_tab, q_tab, num_drafts, draft_len, method
+  ):
+    after = np.concatenate([np.cumprod(1 - stop[::-1])[::-1][1:], [1.0]])
+    tau_law = prob * stop * after  # P(tau = i) = h_i prod_{j > i} (1 - h_j)
+    for tau in range(draft_len + 1):
+      if tau_law[tau] <= 0:
+        continue
+      target = target_rows[tau]
+      left = np.maximum(w[tau] * target - draft_rows[tau], 0)
+      y_law = left / left.sum() if tau < draft_len and left.sum() > 0 else target
+      num_law[tau + 1] += tau_law[tau]
+      code = 0
+      for z in path[:tau]:
+        code = code * vocab + z
+      prefix_law = np.zeros(vocab ** (tau + 1))
+      prefix_law[code * vocab : (code + 1) * vocab] = tau_law[tau] * y_law
+      for t in range(tau + 1, draft_len + 1):  # complete with exact target draws
+        prefix_law = (prefix_law[:, None] * q_tab[t, : vocab**t]).ravel()
+      law += prefix_law
   return law, num_law
 
 
+def iid_multisets(p_tab, num_drafts: int, draft_len: int) -> dict[tuple[int, ...], float]:
+  """The law of the multiset of K i.i.d. paths: {sorted tuple of path codes: probability}
+  (multisets of probability 0 left out)."""
+  probs = path_probs(np.asarray(p_tab, np.float64), draft_len)
+  support = [int(c) for c in np.flatnonzero(probs > 0)]
+  law = {}
+  for m in itertools.combinations_with_replacement(support, num_drafts):
+    counts = np.unique(m, return_counts=True)[1]
+    mult = math.factorial(num_drafts) / np.prod([math.factorial(int(c)) for c in counts])
+    law[m] = mult * float(np.prod(probs[list(m)]))
+  return law
+
+
+# The law of the multiset of draft paths of each drafting scheme (`methods.DRAFTING`), as
+# (p_tab, K, L) -> {sorted tuple of path codes: probability}: the block-level bound of a
+# method is `multiset_bound` of its scheme's law.
+MULTISETS: dict[str, Callable] = {"iid": iid_multisets}
+
+
 def block_bound(p_tab, q_tab, num_drafts: int, draft_len: int) -> float:
+  """`multiset_bound` for K i.i.d. draft paths (`iid_multisets`)."""
+  return multiset_bound(p_tab, q_tab, iid_multisets(p_tab, num_drafts, draft_len), draft_len)
+
+
+def multiset_bound(p_tab, q_tab, multisets: dict[tuple[int, ...], float], draft_len: int) -> float:
   """The multi-path verification LP: max E[tokens per round] over all exact verifiers.
 
-  A verifier sees the K i.i.d. paths X (and the whole tree) and emits a string s = u y:
-  u a node of X's draft tree (a prefix of some path, |u| <= L), y any token; then the
-  target continues. Variables pi(m, u, y) >= 0 over multisets m of paths (an optimum is
-  symmetric in the paths). Constraints:
+  A verifier sees the draft paths X (and the whole tree) and emits a string s = u y: u a
+  node of X's draft tree (a prefix of some path, |u| <= L), y any token; then the target
+  continues. Variables pi(m, u, y) >= 0 over multisets m of paths (the constraints see
+  the paths only through their draft tree, so a verifier that also sees their order
+  gains nothing). Constraints:
     sum_{u, y} pi(m, u, y) = P(m)                                 (the drafts' law)
     c(s) = c(u) q(y | u) - Pi(s),  c(empty) = 1,  c(s) = 0 at |s| = L + 1
   where Pi(s) = sum_m pi(m, u, y) is the law of the emitted string and c(s) >= 0 the target
@@ -184,7 +312,9 @@ def block_bound(p_tab, q_tab, num_drafts: int, draft_len: int) -> float:
   max sum pi(m, u, y) (|u| + 1). Solved exactly by scipy's HiGHS.
 
   Args:
-    p_tab, q_tab: the tree (module docstring). num_drafts: K. draft_len: L.
+    p_tab, q_tab: the tree (module docstring).
+    multisets: the drafting law, {sorted tuple of path codes: probability} (`MULTISETS`).
+    draft_len: L.
 
   Returns:
     The optimum, in tokens per round (1 <= bound <= L + 1).
@@ -192,10 +322,8 @@ def block_bound(p_tab, q_tab, num_drafts: int, draft_len: int) -> float:
   from scipy import sparse
   from scipy.optimize import linprog
 
-  p_tab, q_tab = np.asarray(p_tab, np.float64), np.asarray(q_tab, np.float64)
-  vocab = p_tab.shape[-1]
-  num_paths = vocab**draft_len
-  probs = path_probs(p_tab, draft_len)
+  q_tab = np.asarray(q_tab, np.float64)
+  vocab = q_tab.shape[-1]
   # Strings of length 1..L (the c variables) and 1..L+1 (the rows), by (length, code).
   c_index = {}
   for j in range(1, draft_len + 1):
@@ -205,13 +333,10 @@ def block_bound(p_tab, q_tab, num_drafts: int, draft_len: int) -> float:
   for j in range(1, draft_len + 2):
     for code in range(vocab**j):
       row_index[(j, code)] = len(row_index)
-  rows, cols, vals, costs = [], [], [], []
-  num_multisets = 0
-  rhs_m = []
-  for m in itertools.combinations_with_replacement(range(num_paths), num_drafts):
-    counts = np.bincount(m, minlength=num_paths)[list(set(m))]
-    mult = math.factorial(num_drafts) / np.prod([math.factorial(c) for c in counts])
-    rhs_m.append(mult * np.prod(probs[list(m)]))
+  num_multisets = len(multisets)
+  rows, cols, vals, costs, rhs_m = [], [], [], [], []
+  for i, (m, prob) in enumerate(multisets.items()):
+    rhs_m.append(prob)
     nodes = {(0, 0)}
     for path in set(m):
       for j in range(1, draft_len + 1):
@@ -220,32 +345,28 @@ def block_bound(p_tab, q_tab, num_drafts: int, draft_len: int) -> float:
       for y in range(vocab):
         col = len(costs)
         costs.append(-(j + 1.0))
-        rows += [num_multisets, 0]
+        rows += [i, num_multisets + row_index[(j + 1, code * vocab + y)]]
         cols += [col, col]
         vals += [1.0, 1.0]
-        rows[-1] = -1 - row_index[(j + 1, code * vocab + y)]  # string row, fixed below
-    num_multisets += 1
   num_pi = len(costs)
-  rows = np.array(rows)
-  rows = np.where(rows < 0, num_multisets + (-1 - rows), rows)
   rhs_s = np.zeros(len(row_index))
   # c terms of the string rows: + c(s) (|s| <= L), - q(y | u) c(u) (|u| >= 1), or the
   # constant q(y | empty) on the right side.
   for (j, code), r in row_index.items():
     u, y = code // vocab, code % vocab
     if j <= draft_len:
-      rows = np.append(rows, num_multisets + r)
+      rows.append(num_multisets + r)
       cols.append(num_pi + c_index[(j, code)])
       vals.append(1.0)
     if j == 1:
       rhs_s[r] = q_tab[0, 0, y]
     else:
-      rows = np.append(rows, num_multisets + r)
+      rows.append(num_multisets + r)
       cols.append(num_pi + c_index[(j - 1, u)])
       vals.append(-q_tab[j - 1, u, y])
   num_vars = num_pi + len(c_index)
   a_eq = sparse.csr_matrix(
-    (vals, (rows, np.array(cols))), shape=(num_multisets + len(row_index), num_vars)
+    (vals, (np.array(rows), np.array(cols))), shape=(num_multisets + len(row_index), num_vars)
   )
   b_eq = np.concatenate([rhs_m, rhs_s])
   cost = np.concatenate([costs, np.zeros(len(c_index))])

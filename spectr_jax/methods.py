@@ -272,6 +272,16 @@ METHODS: dict[str, Method] = {
       style="-.",
       compare_with=("optimal", "kseq"),
     ),
+    Method(
+      name="gbv_tp",
+      level="block",
+      verify="spectr_jax.block:verify_tp_paths",
+      summary="greedy multi-path block verification: the lexicographically largest path "
+      "in q/p order, block-verified against its skewed law (Thomas & Pal, arXiv 2602.16961)",
+      single="block",
+      style="--",
+      compare_with=("gbv", "optimal", "kseq"),
+    ),
   )
 }
 

@@ -1,4 +1,5 @@
-"""Block verification ("block", "gbv") and the block-level LP bound.
+"""Block verification ("block", "gbv") and the block-level LP bound ("gbv_tp":
+tests/test_gbv_tp.py).
 
 Exactness is checked twice: exactly, by enumerating every K-tuple of draft paths and the
 verifier's own plan (`block_bound.block_law`, no sampling), and statistically, by
@@ -197,7 +198,7 @@ def test_rejects_gbv_verified_against_p(monkeypatch):
   stats.assert_rejects(np.bincount(codes, minlength=law.size), law, "gbv against p")
 
 
-def test_gbv_with_one_draft_is_block_and_vmaps():
+def test_every_block_method_with_one_draft_is_block_and_vmaps():
   p_tab, q_tab = _tree(5, 3, 2)
   drafts = jnp.asarray([[0, 2]], jnp.int32)
   p = jnp.float32(np.stack([p_tab[0, 0], p_tab[1, 0]]))[None]
@@ -207,8 +208,9 @@ def test_gbv_with_one_draft_is_block_and_vmaps():
     m: jax.jit(jax.vmap(lambda k, m=m: block.block_verify(k, drafts, p, q, method=m)))(keys)
     for m in methods.names(level="block")
   }
-  for a, b in zip(runs["block"], runs["gbv"], strict=True):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for name, run in runs.items():  # every block-level method is "block" at K = 1
+    for a, b in zip(runs["block"], run, strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
   tokens, nums = runs["block"]
   assert tokens.shape == (64, 3) and nums.shape == (64,)
   assert np.all((np.asarray(nums) >= 1) & (np.asarray(nums) <= 3))
@@ -248,17 +250,21 @@ def test_bad_input(method, num_drafts, message):
 
 @pytest.mark.slow
 def test_table_core_on_a_few_cases():
-  """scripts/block_table.py's core: the bound is above every method; K = 1 block = bound."""
+  """scripts/block_table.py's core: every method at most its bound; K = 1 block = bound;
+  SPEC's p = q rows for gbv_tp (2, 1.75, 1.625 at L = 1, K = 1..3)."""
   path = pathlib.Path(__file__).parents[1] / "scripts" / "block_table.py"
   spec = importlib.util.spec_from_file_location("block_table", path)
   table = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(table)
+  assert {"block", "gbv", "gbv_tp"} <= set(table.COLUMNS)
   chosen = table.cases(12, 0)
-  rows = [table.case_values(p, q, k, n) for _, _, n, k, p, q in chosen[:2] + chosen[10:18]]
+  picked = chosen[:2] + chosen[10:13] + chosen[15:23]
+  rows = [{**table.case_values(p, q, k, n), "K": k} for _, _, n, k, p, q in picked]
   for row in rows:
-    assert all(row[c] <= row["bound"] + 1e-5 for c in table.COLUMNS if c in row)
-    if "block" in row:
-      assert row["block"] == pytest.approx(row["bound"], abs=1e-5)
+    assert all(row[c] <= table.bound_of(row, c) + 1e-5 for c in table.COLUMNS)
+    if row["K"] == 1:
+      assert row["block"] == pytest.approx(row["bound K=1"], abs=1e-5)
       assert row["block"] >= row["sd"] - 1e-6
   assert rows[0]["block"] == pytest.approx(20 / 9, abs=1e-6)
   assert rows[0]["sd"] == pytest.approx(19 / 9, abs=1e-6)
+  np.testing.assert_allclose([r["gbv_tp"] for r in rows[2:5]], [2.0, 1.75, 1.625], atol=1e-9)

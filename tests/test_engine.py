@@ -93,6 +93,7 @@ CASES = [
   pytest.param("optimal", 3, 2, marks=_slow),
   ("block", 1, 2),
   pytest.param("gbv", 3, 2, marks=_slow),
+  pytest.param("gbv_tp", 3, 2, marks=_slow),
 ]
 
 
@@ -148,7 +149,14 @@ def test_engine_rejects_broken_rollback(models, monkeypatch):
 
 
 @pytest.mark.parametrize(
-  "method, num_drafts, draft_len", [("kseq", 3, 3), ("sd", 1, 2), ("block", 1, 3), ("gbv", 3, 2)]
+  "method, num_drafts, draft_len",
+  [
+    ("kseq", 3, 3),
+    ("sd", 1, 2),
+    ("block", 1, 3),
+    ("gbv", 3, 2),
+    pytest.param("gbv_tp", 3, 2, marks=_slow),
+  ],
 )
 def test_greedy_equals_greedy_target_decoding(models, method, num_drafts, draft_len):
   draft, target = models
