@@ -30,7 +30,7 @@ from spectr_jax.data import (
   make_prompts,
   read_source,
 )
-from spectr_jax.models import ModelBundle, count_params, load_pretrained
+from spectr_jax.models import ModelBundle, count_params, load_pretrained, param_axes
 
 
 class MissingPairError(FileNotFoundError):
@@ -242,6 +242,7 @@ def shard(pair: Pair, mesh: jax.sharding.Mesh) -> Pair:
   """The pair with both models' parameters placed on `mesh` by `sharding.RULES` (restored
   checkpoints sit on one device, which a computation over the whole mesh cannot take)."""
   draft, target = (
-    ModelBundle(m.config, sharding.shard_params(m.params, mesh)) for m in (pair.draft, pair.target)
+    ModelBundle(m.config, sharding.shard_params(m.params, mesh, axes=param_axes(m.config)))
+    for m in (pair.draft, pair.target)
   )
   return dataclasses.replace(pair, draft=draft, target=target)
