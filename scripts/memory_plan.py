@@ -26,7 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from configs import pretrained  # noqa: E402
 from spectr_jax import config as config_lib  # noqa: E402
 from spectr_jax import experiment, memory, sharding  # noqa: E402
-from spectr_jax.models import ModelConfig, config_from_hf  # noqa: E402
+from spectr_jax.models import ModelConfig, config_from_hf, param_axes  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.")
 _DEVICES = flags.DEFINE_integer("devices", 0, "Devices of the mesh (0 = mesh_model).")
@@ -74,7 +74,8 @@ def plan_text(config: config_lib.SweepConfig, devices: int = 0) -> tuple[memory.
   parts = [plan.table(device_bytes, config.device_memory)]
   for role, model_config in (("draft", draft), ("target", target)):
     shapes = memory.param_shapes(model_config)
-    parts.append(f"sharding of the {role}:\n" + sharding.describe(shapes, mesh))
+    axes = param_axes(model_config)
+    parts.append(f"sharding of the {role}:\n" + sharding.describe(shapes, mesh, axes=axes))
   return plan, "\n".join(parts)
 
 

@@ -44,7 +44,7 @@ def next_token_probs(
   top_p: float | None = None,
 ) -> jax.Array:
   """The model's next-token distribution after every prefix: probs_BxTxV (float32)."""
-  logits_BxTxV = bundle.model.apply({"params": bundle.params}, tokens_BxT)
+  logits_BxTxV = bundle.decoder.logits(bundle.params, tokens_BxT)
   return sampling.transform_probs(logits_BxTxV, temperature, top_k=top_k, top_p=top_p)
 
 

@@ -298,9 +298,9 @@ def _prepare(
   draft_params = None if draft_len == 0 else draft.params
   target_params = target.params
   if mesh is not None:
-    draft_params, target_params = (
-      None if p is None else sharding.shard_params(p, mesh) for p in (draft_params, target_params)
-    )
+    target_params = sharding.shard_params(target_params, mesh, axes=spec.target.param_axes())
+    if draft_params is not None:
+      draft_params = sharding.shard_params(draft_params, mesh, axes=spec.draft.param_axes())
     rows = _pad_rows(-b % mesh.shape[DATA_AXIS], prompts, lengths, ids)
     ids, prompts, lengths = sharding.put(
       (rows[2], rows[0], rows[1]), NamedSharding(mesh, PartitionSpec(DATA_AXIS))

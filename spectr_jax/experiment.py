@@ -32,7 +32,7 @@ from jax.experimental import multihost_utils
 from spectr_jax import checks, engine, locks, memory, methods, pairs, results, runs, sharding
 from spectr_jax.config import DecodeSettings, SweepConfig, resolve, rhos_for
 from spectr_jax.data import make_prompts
-from spectr_jax.models import ModelConfig
+from spectr_jax.models import ModelConfig, param_axes
 
 
 class InexactError(ValueError):
@@ -345,7 +345,10 @@ def _run_sweep(config, pair, provenance_config, writer):
   if mesh is not None:
     pair = pairs.shard(pair, mesh)
     if writer:
-      logging.info("sharding of the target:\n%s", sharding.describe(pair.target.params, mesh))
+      axes = param_axes(pair.target.config)
+      logging.info(
+        "sharding of the target:\n%s", sharding.describe(pair.target.params, mesh, axes=axes)
+      )
   progress = _Progress(len(cells), len(cells) - len(todo))
   for cell in todo:
     record = {"key": cell.key, "cell": cell.as_record()}

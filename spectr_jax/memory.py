@@ -3,9 +3,9 @@
 For a (draft, target) pair of `ModelConfig`s on a ("data", "model") mesh, `plan` adds up
 what one device holds while `engine.generate` decodes B rows with K drafts of L tokens:
 
-  weights        each parameter's shard under `sharding.RULES` (shapes only: the
-                 parameters of `init_params` via `jax.eval_shape`, in the config's dtype,
-                 or the shapes and dtypes of loaded parameters);
+  weights        each parameter's shard under `sharding.RULES` and its logical axes
+                 (shapes only: the parameters of `init_params` via `jax.eval_shape`, in
+                 the config's dtype, or the shapes and dtypes of loaded parameters);
   KV cache       both models' caches (`init_cache`: a prefix of S = P + T + L + 1 and K
                  tails of R = L + 1 entries) for the padded batch, batch over "data" and
                  key/value heads over "model" by the same rules;
@@ -32,7 +32,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 
 from spectr_jax import methods, sharding
 from spectr_jax.config import device_memory_bytes
-from spectr_jax.models import ModelConfig, init_cache, init_params
+from spectr_jax.models import ModelConfig, init_cache, init_params, param_axes
 
 GB = 1e9
 
@@ -116,7 +116,7 @@ def abstract_mesh(data: int, model: int = 1) -> AbstractMesh:
 
 @functools.lru_cache(maxsize=16)
 def param_shapes(config: ModelConfig) -> Any:
-  """The parameters of `Transformer(config)` as `ShapeDtypeStruct`s in the config's dtype.
+  """The parameters of the config's decoder as `ShapeDtypeStruct`s in the config's dtype.
 
   Nothing is allocated (`jax.eval_shape` of `init_params`); a checkpoint loaded in the
   config's dtype has these shapes and dtypes.
@@ -131,13 +131,17 @@ def shard_bytes(shape: tuple[int, ...], dtype: Any, spec: Any, mesh: Any) -> int
   return math.prod(shard) * np.dtype(dtype).itemsize
 
 
-def weight_bytes(params: Any, mesh: Any) -> int:
-  """Bytes of one device's parameter shards under `sharding.RULES` (arrays or shapes)."""
+def weight_bytes(params: Any, mesh: Any, axes: Any) -> int:
+  """Bytes of one device's parameter shards under `sharding.RULES` (arrays or shapes;
+  `axes`: their logical axes, `models.param_axes(config)`)."""
+  specs = sharding.param_specs(params, mesh, axes=axes)
   return sum(
-    shard_bytes(
-      x.shape, x.dtype, sharding.logical_spec(sharding.param_axes(path), x.shape, mesh), mesh
+    shard_bytes(x.shape, x.dtype, spec, mesh)
+    for x, spec in zip(
+      jax.tree.leaves(params),
+      jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)),
+      strict=True,
     )
-    for path, x in jax.tree_util.tree_leaves_with_path(params)
   )
 
 
@@ -220,7 +224,7 @@ def plan(
   models = {"draft": draft, "target": target}
   if params is None:
     params = {role: param_shapes(c) for role, c in models.items()}
-  weights = {role: weight_bytes(params[role], mesh) for role in models}
+  weights = {role: weight_bytes(params[role], mesh, param_axes(c)) for role, c in models.items()}
   cache = {
     role: cache_bytes(c, rows * data, num_drafts, draft_len, cache_len, mesh)
     for role, c in models.items()

@@ -30,7 +30,7 @@ from spectr_jax.data import (
   make_prompts,
   read_source,
 )
-from spectr_jax.models import ModelBundle, count_params, load_pretrained
+from spectr_jax.models import ModelBundle, count_params, load_pretrained, param_axes
 
 
 class MissingPairError(FileNotFoundError):
@@ -182,7 +182,7 @@ def _dropped_mass(bundle: ModelBundle, prompts: Prompts) -> float:
   the prompts' positions: what restricting it to the tokenizer's ids drops."""
   full = ModelBundle(dataclasses.replace(bundle.config, output_vocab_size=None), bundle.params)
   tokens_BxT = jnp.asarray(prompts.tokens_BxT)
-  logits_BxTxV = jax.jit(full.model.apply)({"params": full.params}, tokens_BxT)
+  logits_BxTxV = jax.jit(full.decoder.logits)(full.params, tokens_BxT)
   cut_BxT = jnp.sum(jax.nn.softmax(logits_BxTxV, axis=-1)[..., bundle.config.num_logits :], -1)
   valid_BxT = jnp.arange(tokens_BxT.shape[1]) < jnp.asarray(prompts.lengths_B)[:, None]
   return float(jnp.sum(jnp.where(valid_BxT, cut_BxT, 0.0)) / jnp.sum(valid_BxT))
@@ -242,6 +242,7 @@ def shard(pair: Pair, mesh: jax.sharding.Mesh) -> Pair:
   """The pair with both models' parameters placed on `mesh` by `sharding.RULES` (restored
   checkpoints sit on one device, which a computation over the whole mesh cannot take)."""
   draft, target = (
-    ModelBundle(m.config, sharding.shard_params(m.params, mesh)) for m in (pair.draft, pair.target)
+    ModelBundle(m.config, sharding.shard_params(m.params, mesh, axes=param_axes(m.config)))
+    for m in (pair.draft, pair.target)
   )
   return dataclasses.replace(pair, draft=draft, target=target)

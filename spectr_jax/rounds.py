@@ -5,12 +5,13 @@ draft model under `lax.scan`, keeping the distributions p), `score` (one target 
 all K x (L + 1) positions, giving q), `verify_rows` (the block walk of `verify.walk` per
 row) and the commit of the accepted tokens to both caches (`step` runs all of them).
 `init_state` prefills the caches. Everything here runs inside the engine's jitted
-`lax.while_loop`; `DecodeSpec` is static, `Traced` holds the traced settings.
+`lax.while_loop`; `DecodeSpec` is static, `Traced` holds the traced settings. The models
+are reached through the decoder protocol only (`spectr_jax.models.decoder`: init_cache,
+prefill, extend, commit), whatever their family.
 """
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from spectr_jax import methods, sampling, sharding, verify
-from spectr_jax.models import KVCache, ModelConfig, Transformer, commit, init_cache
+from spectr_jax.models import Decoder, KVCache, ModelConfig, decoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,16 @@ class DecodeSpec:
   def round_width(self) -> int:
     """L + 1: the most tokens one round can emit."""
     return self.draft_len + 1
+
+  @property
+  def draft(self) -> Decoder:
+    """The draft model's decoder (L > 0)."""
+    return decoder(self.draft_config)
+
+  @property
+  def target(self) -> Decoder:
+    """The target model's decoder."""
+    return decoder(self.target_config)
 
 
 @struct.dataclass
@@ -112,24 +123,12 @@ def probs(spec: DecodeSpec, logits_XxV, traced: Traced):
   return sampling.transform_probs(logits_XxV, traced.temperature, top_k=spec.top_k, top_p=top_p)
 
 
-def extend_fn(config: ModelConfig) -> Callable:
-  """The decoder's extend-on-tails call of `config` (the `drafting` seam's `extend`)."""
-  model = Transformer(config)
-
-  def extend(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None):
-    return model.apply(
-      {"params": params}, tokens_BxKxT, cache, num_new_B, logits_at_B, method=Transformer.extend
-    )
-
-  return extend
-
-
 def draft(spec, params, cache, state, key_B, traced):
   """The method's drafting scheme (`methods.DRAFTING`) on the draft model:
   (drafts_BxKxL, p_BxKxLxV, cache, nonfinite_B)."""
   scheme = methods.resolve(methods.DRAFTING[methods.get(spec.method).drafting].draft)
   drafts = scheme(
-    extend_fn(spec.draft_config),
+    spec.draft.extend,
     params,
     cache,
     state.pending_Bx2,
@@ -162,7 +161,7 @@ def score(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Tra
   """One target call on `[last, d_1..d_L]` of every tail: (q_BxKxL1xV, cache, nonfinite_B)."""
   b, k = drafts_BxKxL.shape[:2]
   last_BxKx1 = jnp.broadcast_to(last_B[:, None, None], (b, k, 1))
-  logits_BxKxL1xV, cache = extend_fn(spec.target_config)(
+  logits_BxKxL1xV, cache = spec.target.extend(
     target_params, jnp.concatenate([last_BxKx1, drafts_BxKxL], axis=2), cache
   )
   return probs(spec, logits_BxKxL1xV, traced), cache, sampling.nonfinite_rows(logits_BxKxL1xV)
@@ -198,14 +197,16 @@ def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, tokens_
     axis=2,
   )
   tail_B = jnp.argmax(agree_BxK, axis=1)
-  target_cache = commit(target_cache, tail_B, jnp.where(live_B, num_B, 0))
+  target_cache = spec.target.commit(target_cache, tail_B, jnp.where(live_B, num_B, 0))
   last_B = jnp.where(
     live_B, jnp.take_along_axis(tokens_BxL1, (num_B - 1)[:, None], 1)[:, 0], state.last_B
   )
   pending_Bx2, num_pending_B = state.pending_Bx2, state.num_pending_B
   if spec.draft_len > 0:
     seen_B = jnp.minimum(num_B - 1, spec.draft_len - 1)
-    draft_cache = commit(draft_cache, tail_B, jnp.where(live_B, num_pending_B + seen_B, 0))
+    draft_cache = spec.draft.commit(
+      draft_cache, tail_B, jnp.where(live_B, num_pending_B + seen_B, 0)
+    )
     full_B = num_B == w
     one_Bx2 = jnp.stack([last_B, jnp.zeros_like(last_B)], axis=1)
     new_pending_Bx2 = jnp.where(full_B[:, None], tokens_BxL1[:, w - 2 :], one_Bx2)
@@ -307,18 +308,15 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
   w = spec.round_width
   cache_len = width + spec.max_new_tokens + w
 
-  def prefill(config, params, num_tails):
-    config = dataclasses.replace(config, max_len=cache_len)
-    cache = sharding.constrain_cache(init_cache(config, b, num_tails, w))
-    _, cache = Transformer(config).apply(
-      {"params": params}, prompts_BxP, lengths_B - 1, cache, method=Transformer.prefill
-    )
+  def prefill(model: Decoder, params, num_tails):
+    cache = sharding.constrain_cache(model.init_cache(b, num_tails, w, cache_len))
+    _, cache = model.prefill(params, prompts_BxP, lengths_B - 1, cache)
     return cache
 
   last_B = jnp.take_along_axis(prompts_BxP, (lengths_B - 1)[:, None], 1)[:, 0]
   draft_cache = None
   if spec.draft_len > 0:
-    draft_cache = prefill(spec.draft_config, draft_params, spec.num_drafts)
+    draft_cache = prefill(spec.draft, draft_params, spec.num_drafts)
   zeros_B = jnp.zeros((b,), jnp.int32)
   zeros_BxL1 = jnp.zeros((b, w), jnp.int32)
   return State(
@@ -329,7 +327,7 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
     num_pending_B=jnp.ones((b,), jnp.int32),
     out_BxW=jnp.zeros((b, spec.max_new_tokens + w), jnp.int32),
     num_out_B=zeros_B,
-    target_cache=prefill(spec.target_config, target_params, spec.num_drafts),
+    target_cache=prefill(spec.target, target_params, spec.num_drafts),
     draft_cache=draft_cache,
     stats=DecodeStats(
       rounds_B=zeros_B,

@@ -26,7 +26,7 @@ from absl import logging
 from spectr_jax import results, sharding
 from spectr_jax.config import TrainConfig, saved_train_config
 from spectr_jax.data import Dataset, Tokenizer, load_dataset
-from spectr_jax.models import ModelBundle, init_params
+from spectr_jax.models import ModelBundle, init_params, param_axes
 
 # Fields that change logging, evaluation, storage or the device layout but not the trained
 # parameters (beyond the rounding of sums split over devices); a resumed run may change them.
@@ -181,7 +181,7 @@ def load_bundle(
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     placements = jax.tree.map(lambda _: device, abstract)
   else:
-    placements = sharding.param_shardings(abstract, mesh)
+    placements = sharding.param_shardings(abstract, mesh, axes=param_axes(model_config))
   abstract = jax.tree.map(
     lambda x, where: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where), abstract, placements
   )

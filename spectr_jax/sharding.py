@@ -1,8 +1,10 @@
 """Meshes, the sharding rules of every parameter and cache, multi-host start, compile cache.
 
 One 2-D mesh, ("data", "model"), serves decoding, training and checkpoint restore. Every
-array dimension carries a *logical* axis name (`PARAM_AXES`, `CACHE_AXES`); one rule
-table (`RULES`, Megatron-style) maps logical axes to mesh axes:
+array dimension carries a *logical* axis name: a parameter's are attached where the layer
+creates it (`spectr_jax.models.param_axes(config)` reads them: a pytree like the
+parameters with tuples of names as leaves, the `axes` argument below), the cache's are
+`CACHE_AXES`. One rule table (`RULES`, Megatron-style) maps logical axes to mesh axes:
 
   batch    -> data    rows of a decode or training batch
   heads    -> model   query heads (w_q, w_o, b_q)
@@ -41,31 +43,6 @@ RULES: Mapping[str, str | None] = {
   "embed": None,
 }
 FSDP_RULES: Mapping[str, str | None] = {**RULES, "embed": DATA_AXIS}
-
-# The logical axes of every parameter, by its name (the last key of its path; norms'
-# "scale" and "bias" are D long, and nn.Embed tables are "embedding").
-PARAM_AXES: Mapping[str, tuple[str, ...]] = {
-  "w_q": ("embed", "heads", "head_dim"),
-  "w_k": ("embed", "kv_heads", "head_dim"),
-  "w_v": ("embed", "kv_heads", "head_dim"),
-  "w_o": ("heads", "head_dim", "embed"),
-  "b_q": ("heads", "head_dim"),
-  "b_k": ("kv_heads", "head_dim"),
-  "b_v": ("kv_heads", "head_dim"),
-  "b_o": ("embed",),
-  "w_gate": ("embed", "mlp"),
-  "w_up": ("embed", "mlp"),
-  "w_down": ("mlp", "embed"),
-  "b_gate": ("mlp",),
-  "b_up": ("mlp",),
-  "b_down": ("embed",),
-  "scale": ("embed",),
-  "bias": ("embed",),
-  "out_embedding": ("vocab", "embed"),
-  "embedding": ("vocab", "embed"),
-}
-# The position table of learned positions (pos_embed/embedding) is not a vocabulary.
-_POSITION_TABLE = ("positions", "embed")
 
 # The logical axes of the KV cache's fields (`spectr_jax.models.KVCache`).
 CACHE_AXES: Mapping[str, tuple[str, ...]] = {
@@ -176,35 +153,60 @@ def logical_spec(
   return PartitionSpec(*spec)
 
 
-def param_axes(path: Sequence[Any]) -> tuple[str, ...]:
-  """The logical axes of the parameter at a pytree `path` (keys of a params dict)."""
-  names = [str(getattr(k, "key", k)) for k in path]
-  if names[-2:] == ["pos_embed", "embedding"]:
-    return _POSITION_TABLE
-  if names[-1] not in PARAM_AXES:
-    raise KeyError(f"no sharding rule for parameter {'/'.join(names)}")
-  return PARAM_AXES[names[-1]]
+def _path_names(path: Sequence[Any]) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", k)) for k in path)
 
 
-def param_specs(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> Any:
-  """The `PartitionSpec` of every parameter (a pytree like `params`; arrays or shapes)."""
+def _names_at(by_path: Mapping[tuple[str, ...], tuple[str, ...]], path: Sequence[Any]):
+  names = _path_names(path)
+  if names not in by_path:
+    raise KeyError(f"no logical axes for parameter {'/'.join(names)}")
+  return by_path[names]
+
+
+def axes_by_path(axes: Any) -> dict[tuple[str, ...], tuple[str, ...]]:
+  """{parameter path (its keys): logical axes} of a parameter-axes pytree."""
+  leaves = jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(x, tuple))
+  return {_path_names(path): names for path, names in leaves}
+
+
+def param_specs(
+  params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES, *, axes: Any
+) -> Any:
+  """The `PartitionSpec` of every parameter (a pytree like `params`; arrays or shapes).
+
+  Args:
+    params: the parameters (or their shapes).
+    mesh: the mesh (a `Mesh` or an `AbstractMesh`).
+    rules: logical axis -> mesh axis.
+    axes: the parameters' logical axes (`spectr_jax.models.param_axes(config)`).
+
+  Raises:
+    KeyError: a parameter without logical axes in `axes`, named by its path.
+  """
+  by_path = axes_by_path(axes)
   return jax.tree_util.tree_map_with_path(
-    lambda path, x: logical_spec(param_axes(path), np.shape(x), mesh, rules), params
+    lambda path, x: logical_spec(_names_at(by_path, path), np.shape(x), mesh, rules), params
   )
 
 
-def param_shardings(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> Any:
-  """The `NamedSharding` of every parameter over `mesh`."""
+def param_shardings(
+  params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES, *, axes: Any
+) -> Any:
+  """The `NamedSharding` of every parameter over `mesh` (see `param_specs`)."""
   return jax.tree.map(
     lambda spec: NamedSharding(mesh, spec),
-    param_specs(params, mesh, rules),
+    param_specs(params, mesh, rules, axes=axes),
     is_leaf=lambda x: isinstance(x, PartitionSpec),
   )
 
 
-def shard_params(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> Any:
-  """Places `params` on `mesh` by the rules (every process passes the same values)."""
-  return put(params, param_shardings(params, mesh, rules))
+def shard_params(
+  params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES, *, axes: Any
+) -> Any:
+  """Places `params` on `mesh` by the rules and their logical `axes` (every process
+  passes the same values)."""
+  return put(params, param_shardings(params, mesh, rules, axes=axes))
 
 
 def put(tree: Any, shardings: Any) -> Any:
@@ -281,20 +283,21 @@ def per_device_bytes(x: jax.Array) -> int:
   return int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
 
 
-def describe(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> str:
-  """A table of the rules and of each distinct parameter name's shape and partition."""
+def describe(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES, *, axes: Any) -> str:
+  """A table of the rules and of each distinct parameter name's shape, logical axes
+  (`axes`, as in `param_specs`) and partition."""
   lines = [
     f"mesh {dict(mesh.shape)} over {mesh.size} devices ({jax.process_count()} processes)",
     "rules: " + ", ".join(f"{k}->{v}" for k, v in rules.items()) + ", other->None",
   ]
+  by_path = axes_by_path(axes)
   seen = {}
   for path, x in jax.tree_util.tree_leaves_with_path(params):
-    names = [str(getattr(k, "key", k)) for k in path]
-    name = "/".join(n for n in names if not n.startswith("block_"))
+    name = "/".join(n for n in _path_names(path) if not n.startswith("block_"))
     if name in seen:
       continue
-    axes = param_axes(path)
-    seen[name] = (tuple(np.shape(x)), axes, logical_spec(axes, np.shape(x), mesh, rules))
+    names = _names_at(by_path, path)
+    seen[name] = (tuple(np.shape(x)), names, logical_spec(names, np.shape(x), mesh, rules))
   for name, (shape, axes, spec) in sorted(seen.items()):
     lines.append(f"  {name:32s} {str(shape):18s} {str(axes):36s} {spec}")
   return "\n".join(lines)

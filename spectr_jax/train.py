@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from spectr_jax import distill, locks, runs, sharding
 from spectr_jax.config import TrainConfig
 from spectr_jax.data import BOS_ID, PAD_ID, Dataset, TrainBatches, heldout_rows, load_dataset
-from spectr_jax.models import ModelBundle, Transformer, count_params, init_params
+from spectr_jax.models import ModelBundle, Transformer, count_params, init_params, param_axes
 
 
 @struct.dataclass
@@ -166,7 +166,8 @@ def state_shardings(
   """
   abstract = jax.eval_shape(lambda: _init_state(config, optimizer))
   replicated = NamedSharding(mesh, PartitionSpec())
-  params = sharding.param_shardings(abstract.params, mesh, param_rules(config))
+  axes = param_axes(config.model_config())
+  params = sharding.param_shardings(abstract.params, mesh, param_rules(config), axes=axes)
   opt_state = optax.tree_map_params(
     optimizer,
     lambda _, target: target,
@@ -315,7 +316,10 @@ def _train(config: TrainConfig, path: pathlib.Path, stop_at_step: int | None) ->
     out_shardings=(shardings, replicated),
   )
   if jax.process_index() == 0:
-    logging.info("sharding:\n%s", sharding.describe(state.params, mesh, param_rules(config)))
+    description = sharding.describe(
+      state.params, mesh, param_rules(config), axes=param_axes(model_config)
+    )
+    logging.info("sharding:\n%s", description)
   logging.info(
     "training %s (%s, %d params) on %d tokens: steps %d..%d, %d tokens/step",
     path,

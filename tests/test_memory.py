@@ -19,6 +19,7 @@ from spectr_jax.models import (
   expected_num_params,
   get_model_config,
   init_cache,
+  param_axes,
 )
 from tests import hf_checkpoints
 
@@ -41,10 +42,11 @@ def test_weights_and_cache_equal_the_real_shards(data, model):
   mesh = sharding.make_mesh(data, model)
   shapes = memory.param_shapes(CONFIG)  # `init_params`' shapes (jax.eval_shape), in bf16
   params = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-  placed = sharding.shard_params(params, mesh)
+  axes = param_axes(CONFIG)
+  placed = sharding.shard_params(params, mesh, axes=axes)
   real = sum(sharding.per_device_bytes(x) for x in jax.tree.leaves(placed))
-  assert memory.weight_bytes(shapes, mesh) == real
-  assert memory.weight_bytes(shapes, memory.abstract_mesh(data, model)) == real
+  assert memory.weight_bytes(shapes, mesh, axes) == real
+  assert memory.weight_bytes(shapes, memory.abstract_mesh(data, model), axes) == real
 
   cache = init_cache(dataclasses.replace(CONFIG, max_len=40), 8, 3, 5)
   specs = sharding.cache_specs(cache, mesh)
@@ -125,7 +127,7 @@ def test_example_pod_configs_fit_their_device(module, devices):
     # GQA by rule: the 2B draft's 4 key/value heads stay whole over model = 8, the 9B's 8
     # split; Gemma's 256k vocabulary splits.
     mesh = memory.abstract_mesh(1, 8)
-    axes = sharding.PARAM_AXES["w_k"]
+    axes = param_axes(CONFIG)["block_0"]["w_k"]
     assert sharding.logical_spec(axes, (2304, 4, 256), mesh) == jax.sharding.PartitionSpec()
     assert sharding.logical_spec(axes, (3584, 8, 256), mesh)[1] == "model"
     assert sharding.logical_spec(("vocab", "embed"), (256000, 3584), mesh)[0] == "model"

@@ -1,33 +1,44 @@
-"""Tests of the PaLM-style Transformer, its configs and the speculative KV cache.
+"""Tests of the decoder protocol, the families' configs, the speculative KV cache, and
+a new family added as one module (tests/toy_family.py).
 
-Every cache test compares against the plain causal forward `__call__` of the full
+Every cache test compares against the plain causal forward (`Decoder.logits`) of the full
 sequence, which is the definition of what prefill/extend/commit/rollback must compute.
 """
 
 import dataclasses
 import functools
+import inspect
+import re
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from spectr_jax import engine, rounds, sharding
 from spectr_jax.models import (
+  Decoder,
   KVCache,
   ModelBundle,
   ModelConfig,
   RopeScaling,
-  Transformer,
   commit,
   count_params,
+  decoder,
   expected_num_params,
   get_model_config,
-  init_cache,
   init_params,
+  layers,
   model_config_names,
+  param_axes,
+  register_family,
   reset_tails,
   rollback,
 )
+from spectr_jax.models import family as family_lib
+from spectr_jax.models.families import gemma, gpt2, llama
+from tests import toy_family
 
 VOCAB = 61
 ATOL = 1e-4
@@ -74,14 +85,11 @@ class _Harness:
 
   def __init__(self, config: ModelConfig):
     self.config = config
-    self.model = Transformer(config)
+    self.decoder = decoder(config)
     self.params = _numpy_params(config)
-    variables = {"params": self.params}
-    self.forward = jax.jit(functools.partial(self.model.apply, variables))
-    self.prefill = jax.jit(
-      functools.partial(self.model.apply, variables, method=Transformer.prefill)
-    )
-    self.extend = jax.jit(functools.partial(self.model.apply, variables, method=Transformer.extend))
+    self.forward = jax.jit(functools.partial(self.decoder.logits, self.params))
+    self.prefill = jax.jit(functools.partial(self.decoder.prefill, self.params))
+    self.extend = jax.jit(functools.partial(self.decoder.extend, self.params))
 
   def reference(self, seqs: list[list[int]]) -> np.ndarray:
     """Full-forward logits of each sequence, right-padded to WIDTH: len(seqs) x WIDTH x V."""
@@ -118,7 +126,7 @@ def _prefill(h: _Harness, prompts: list[list[int]], num_tails: int, tail_capacit
   for i, p in enumerate(prompts):
     tokens[i, : len(p)] = p
   lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
-  cache = init_cache(h.config, len(prompts), num_tails, tail_capacity)
+  cache = h.decoder.init_cache(len(prompts), num_tails, tail_capacity)
   return h.prefill(jnp.asarray(tokens), lengths, cache)
 
 
@@ -142,43 +150,65 @@ def test_config_rejects_bad_head_split():
 @pytest.mark.parametrize(
   "overrides, message",
   [
-    (dict(post_norms=True), "post_norms needs sequential blocks"),
-    (dict(positions="learned"), "num_positions is given exactly when"),
-    (dict(num_positions=16), "num_positions is given exactly when"),
-    (dict(positions="learned", num_positions=16, rope_scaling=RopeScaling(8, 1, 4, 16)), "rope"),
-    (dict(norm="batchnorm"), "norm must be one of"),
-    (dict(sliding_window_layers="odd"), "sliding_window_layers must be one of"),
-    (dict(attn_softcap=0.0), "attn_softcap must be positive"),
+    (dict(rope_base=None, rope_scaling=RopeScaling(8, 1, 4, 16)), "rope_scaling needs rotary"),
     (dict(head_dim=7), "head_dim must be even"),
+    (dict(sliding_window=0), "sliding_window must be positive"),
+    (dict(rope_base=-1.0), "rope_base must be positive"),
+    (dict(family=""), "family must be a family's name"),
+    (dict(options={"qkv_bias": True}), "options must be hashable"),
   ],
 )
-def test_config_rejects_bad_family_combinations(overrides, message):
+def test_config_rejects_bad_common_fields(overrides, message):
   with pytest.raises(ValueError, match=message):
     _config(num_kv_heads=2, **overrides)
   with pytest.raises(ValueError, match="high_freq_factor > low_freq_factor"):
     RopeScaling(factor=8, low_freq_factor=4, high_freq_factor=4, original_max_len=16)
+  _config(num_kv_heads=2, rope_base=None, head_dim=7)  # no rotation: any head width
+
+
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
+    (dict(family="bert"), "unknown model family 'bert'; known families: palm, llama, gemma"),
+    (dict(options=llama.LlamaOptions()), "the palm family takes no options, got LlamaOptions"),
+    (dict(family="gemma", options=gemma.Gemma2Options()), "gemma family takes LlamaOptions"),
+    (dict(family="gpt2", rope_base=None), "the gpt2 family needs GPT2Options options"),
+  ],
+)
+def test_family_and_options_are_checked_when_the_decoder_is_built(overrides, message):
+  with pytest.raises(ValueError, match=message):
+    decoder(_config(num_kv_heads=2, **overrides))
+  with pytest.raises(ValueError, match="attn_softcap must be positive"):
+    gemma.Gemma2Options(attn_softcap=0.0)
+  with pytest.raises(ValueError, match="num_positions must be >= 1"):
+    gpt2.GPT2Options(num_positions=0)
+
+
+_BIASES = llama.LlamaOptions(qkv_bias=True, out_bias=True, mlp_bias=True)
 
 
 @pytest.mark.parametrize(
   "overrides",
   [
-    dict(block="sequential", norm="layernorm", mlp="gelu", positions="learned", num_positions=9,
-         qkv_bias=True, out_bias=True, mlp_bias=True),
-    dict(block="sequential", norm="rms_offset", mlp="geglu", post_norms=True, embed_scale=True,
-         tied_embedding=False, mlp_bias=True, head_dim=6),
+    dict(family="gpt2", options=gpt2.GPT2Options(num_positions=9), rope_base=None),
+    dict(family="llama", options=_BIASES, tied_embedding=False),
+    dict(family="gemma", options=_BIASES),
+    dict(family="gemma2", options=gemma.Gemma2Options(mlp_bias=True, attn_softcap=5.0),
+         tied_embedding=False, head_dim=6),
+    dict(family="toy"),
   ],
-  ids=["gpt2-like", "gemma2-like"],
+  ids=["gpt2", "llama-biased", "gemma-biased", "gemma2", "toy"],
 )  # fmt: skip
 def test_family_parameter_counts_have_the_closed_form(overrides):
+  register_family(toy_family.FAMILY)
   config = _config(num_kv_heads=2, **overrides)
   shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
   assert count_params(shapes) == expected_num_params(config)
 
 
 def test_sliding_window_layers():
-  config = _config(num_kv_heads=2, num_layers=3, sliding_window=4, sliding_window_layers="even")
-  assert [config.layer_window(n) for n in range(3)] == [4, None, 4]
-  assert _config(num_kv_heads=2, sliding_window=4).layer_window(1) == 4
+  config = _config(num_kv_heads=2, num_layers=3, sliding_window=4, family="gemma2")
+  assert [gemma.layer_window(config, n) for n in range(3)] == [4, None, 4]
 
 
 def test_overrides_replace_named_fields():
@@ -233,7 +263,7 @@ def test_output_vocab_size_keeps_the_first_logits_exactly(harness):
   tokens = jnp.asarray(_tokens(3, (2, 5)))
   full = harness.forward(tokens)
   config = dataclasses.replace(harness.config, output_vocab_size=VOCAB - 3)
-  cut = Transformer(config).apply({"params": harness.params}, tokens)
+  cut = decoder(config).logits(harness.params, tokens)
   assert config.num_logits == cut.shape[-1] == VOCAB - 3
   np.testing.assert_allclose(cut, full[..., : VOCAB - 3], rtol=1e-6, atol=1e-6)
   with pytest.raises(ValueError, match="output_vocab_size"):
@@ -251,9 +281,9 @@ def test_init_params_makes_every_param_in_float32():
 def test_bfloat16_compute_runs_with_float32_logits():
   config = _config(1, dtype="bfloat16")
   params = _numpy_params(config)
-  logits = jax.jit(Transformer(config).apply)({"params": params}, jnp.asarray(_tokens(2, (1, 4))))
+  logits = jax.jit(decoder(config).logits)(params, jnp.asarray(_tokens(2, (1, 4))))
   assert logits.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(logits)))
-  cache = init_cache(config, 1, 2, 3)
+  cache = decoder(config).init_cache(1, 2, 3)
   assert cache.prefix_k.dtype == jnp.bfloat16
 
 
@@ -263,9 +293,11 @@ def test_bundle_crosses_jit_with_static_config(harness):
 
   @jax.jit
   def run(bundle, tokens):
-    return bundle.model.apply({"params": bundle.params}, tokens)
+    return bundle.decoder.logits(bundle.params, tokens)
 
   np.testing.assert_allclose(run(bundle, tokens), harness.forward(tokens), atol=1e-6)
+  flax_forward = bundle.model.apply({"params": bundle.params}, tokens)  # the module itself
+  np.testing.assert_allclose(flax_forward, harness.forward(tokens), atol=1e-6)
 
 
 # The cache against the full forward.
@@ -433,3 +465,116 @@ def test_rollback_and_reset_tails_move_only_lengths():
   reset = reset_tails(cache)
   np.testing.assert_array_equal(reset.prefix_len, cache.prefix_len)
   np.testing.assert_array_equal(reset.tail_len, np.zeros((2, 2)))
+
+
+# The decoder protocol and the family registry.
+
+
+def test_decoders_are_static_and_follow_the_protocol(harness):
+  a, b = decoder(harness.config), decoder(dataclasses.replace(harness.config))
+  assert isinstance(a, Decoder) and a == b and hash(a) == hash(b)
+  assert a.num_logits == VOCAB
+  cache = a.init_cache(2, 3, 4, cache_len=11)
+  assert (cache.B, cache.K, cache.R, cache.S) == (2, 3, 4, 11)
+  assert a.init_cache(1, 1, 1).S == harness.config.max_len
+
+
+def test_the_round_and_the_engine_name_no_model_class():
+  for module in (rounds, engine):
+    source = inspect.getsource(module)
+    assert "Transformer" not in source and ".apply(" not in source, module.__name__
+
+
+@pytest.mark.parametrize(
+  "overrides",
+  [
+    dict(),
+    dict(family="llama", options=_BIASES, tied_embedding=False),
+    dict(family="gpt2", options=gpt2.GPT2Options(num_positions=9), rope_base=None),
+    dict(family="gemma2", options=gemma.Gemma2Options()),
+    dict(family="toy"),
+  ],
+  ids=["palm", "llama", "gpt2", "gemma2", "toy"],
+)
+def test_param_axes_name_every_dimension_of_every_parameter(overrides):
+  register_family(toy_family.FAMILY)
+  config = _config(num_kv_heads=2, **overrides)
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+  by_path = sharding.axes_by_path(param_axes(config))
+  leaves = jax.tree_util.tree_leaves_with_path(shapes)
+  assert len(by_path) == len(leaves)
+  for path, x in leaves:
+    assert len(by_path[tuple(k.key for k in path)]) == x.ndim
+  assert by_path[("block_0", "w_k")] == ("embed", "kv_heads", "head_dim")
+  assert by_path[("embed", "embedding")] == ("vocab", "embed")
+
+
+class _BareBlock(layers.Block):
+  """A block whose parameter has no logical axes."""
+
+  @nn.compact
+  def __call__(self, x_XxD, pos_X, attend):
+    del pos_X, attend
+    return x_XxD * self.param("w_new", nn.initializers.ones, (self.config.d_model,)), None
+
+
+class _Bare(family_lib.Family):
+  name = "bare-test"
+  block = _BareBlock
+
+
+_BARE = _Bare()
+
+
+def test_a_parameter_created_without_logical_axes_is_refused():
+  register_family(_BARE)
+  with pytest.raises(
+    ValueError, match="parameter block_0/w_new of the bare-test family was created without"
+  ):
+    param_axes(_config(num_kv_heads=2, family="bare-test"))
+
+
+def test_the_registry_refuses_a_second_family_of_a_name_or_model_type():
+  with pytest.raises(ValueError, match="a family named 'palm' is registered already"):
+    register_family(type("Other", (toy_family.Toy,), {"name": "palm"})())
+  with pytest.raises(ValueError, match="model_type 'qwen2' belongs to the llama family"):
+    register_family(type("Qwen", (toy_family.Toy,), {"name": "q", "model_types": ("qwen2",)})())
+  assert register_family(toy_family.FAMILY) is register_family(toy_family.FAMILY)
+
+
+def test_a_family_added_as_one_module_decodes_in_the_engine_and_shards_by_its_axes():
+  """tests/toy_family.py, registered: greedy K-SEQ decoding of it (with a PaLM draft)
+  equals greedy decoding of its full forward, and its new `gate` parameter is placed by
+  the logical axes it was created with."""
+  register_family(toy_family.FAMILY)
+  config = get_model_config("target-test", VOCAB, family="toy")
+  target = ModelBundle(config, init_params(config, jax.random.key(3)))
+  draft_config = get_model_config("draft-test", VOCAB)
+  draft = ModelBundle(draft_config, init_params(draft_config, jax.random.key(4)))
+  prompts = jnp.asarray([[5, 6, 7], [8, 9, 0]], jnp.int32)
+  lengths = jnp.asarray([3, 2])
+  out = engine.generate(
+    jax.random.key(0),
+    draft=draft,
+    target=target,
+    prompts=prompts,
+    prompt_lengths=lengths,
+    method="kseq",
+    num_drafts=2,
+    draft_len=3,
+    max_new_tokens=6,
+    temperature=0.0,
+  )
+  forward = jax.jit(target.decoder.logits)
+  for row in range(2):
+    seq = list(np.asarray(prompts[row, : lengths[row]]))
+    for _ in range(6):
+      seq.append(int(jnp.argmax(forward(target.params, jnp.asarray([seq]))[0, -1])))
+    np.testing.assert_array_equal(np.asarray(out.tokens_BxT[row]), seq[-6:])
+  mesh = sharding.make_mesh(4, 2)
+  axes = param_axes(config)
+  placed = sharding.shard_params(target.params, mesh, axes=axes)
+  assert placed["block_0"]["gate"].sharding.spec == jax.sharding.PartitionSpec()
+  assert placed["block_0"]["w_q"].sharding.spec == jax.sharding.PartitionSpec(None, "model")
+  text = sharding.describe(target.params, mesh, axes=axes)
+  assert re.search(r"\n  gate +\(64,\) +\('embed',\) +P\(\)\n", text), text

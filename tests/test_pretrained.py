@@ -24,14 +24,13 @@ from spectr_jax import sharding
 from spectr_jax.models import (
   CheckpointFormatError,
   ModelBundle,
-  Transformer,
-  commit,
   config_from_hf,
   count_params,
+  decoder,
   expected_num_params,
-  init_cache,
   init_params,
   load_pretrained,
+  param_axes,
   pretrained,
 )
 from tests import hf_checkpoints, hf_reference
@@ -57,7 +56,7 @@ def _checkpoint(family: str, dtype: str = "float32", **kw) -> tuple[pathlib.Path
 
 @functools.cache
 def _forward(config):
-  return jax.jit(lambda params, tokens: Transformer(config).apply({"params": params}, tokens))
+  return jax.jit(decoder(config).logits)
 
 
 def _logits(bundle: ModelBundle, tokens_BxT=_TOKENS_BxT) -> np.ndarray:
@@ -136,23 +135,23 @@ def test_cache_prefill_extend_commit_equals_the_full_forward(family):
     config = hf_checkpoints.tiny_config("llama", model_type="mistral", sliding_window=2)
     hf_checkpoints.write_checkpoint(directory, "llama", config, tokenizer=False)
     bundle = load_pretrained(directory)
-    assert (bundle.config.layer_window(0), bundle.config.layer_window(1)) == (2, 2)
+    assert (bundle.config.family, bundle.config.sliding_window) == ("llama", 2)  # every layer
   else:
     bundle, _ = _loaded(family)
-  model, variables = Transformer(bundle.config), {"params": bundle.params}
-  prefill = jax.jit(functools.partial(model.apply, method=Transformer.prefill))
-  extend = jax.jit(functools.partial(model.apply, method=Transformer.extend))
+  model = decoder(bundle.config)
+  prefill = jax.jit(functools.partial(model.prefill, bundle.params))
+  extend = jax.jit(functools.partial(model.extend, bundle.params))
   rng = np.random.default_rng(1)
   prompts_BxP = rng.integers(0, 320, (2, 7)).astype(np.int32)
   lengths = np.array([7, 5])
   tails_BxKxT = rng.integers(0, 320, (2, 3, 3)).astype(np.int32)
   more_BxKxT = rng.integers(0, 320, (2, 3, 3)).astype(np.int32)
   keep_tail, keep_num = np.array([2, 0]), np.array([2, 1])
-  cache = init_cache(bundle.config, 2, 3, 3)
-  _, cache = prefill(variables, prompts_BxP, jnp.asarray(lengths), cache)
-  first, cache = extend(variables, jnp.asarray(tails_BxKxT), cache)
-  cache = jax.jit(commit)(cache, jnp.asarray(keep_tail), jnp.asarray(keep_num))
-  second, _ = extend(variables, jnp.asarray(more_BxKxT), cache)
+  cache = model.init_cache(2, 3, 3)
+  _, cache = prefill(prompts_BxP, jnp.asarray(lengths), cache)
+  first, cache = extend(jnp.asarray(tails_BxKxT), cache)
+  cache = jax.jit(model.commit)(cache, jnp.asarray(keep_tail), jnp.asarray(keep_num))
+  second, _ = extend(jnp.asarray(more_BxKxT), cache)
   seqs, checks = [], []  # every continued sequence, right-padded to T in one forward
   for b in range(2):
     prompt = list(prompts_BxP[b, : lengths[b]])
@@ -206,7 +205,7 @@ def test_loading_onto_a_mesh_places_each_tensor_by_the_rules(family):
   hf_checkpoints.write_checkpoint(directory, family, tokenizer=False)
   placed = load_pretrained(directory, mesh=mesh)
   single = load_pretrained(directory)
-  want = sharding.param_shardings(single.params, mesh)
+  want = sharding.param_shardings(single.params, mesh, axes=param_axes(single.config))
   jax.tree.map(lambda x, s: np.testing.assert_equal(x.sharding, s), placed.params, want)
   jax.tree.map(np.testing.assert_array_equal, placed.params, single.params)
   assert any(not x.sharding.is_fully_replicated for x in jax.tree.leaves(placed.params))
@@ -240,7 +239,7 @@ def test_max_len_is_the_cache_capacity():
 def test_learned_positions_past_the_table_read_its_last_row():
   bundle, _ = _loaded("gpt2")  # n_positions = 64
   tokens_1xT = np.random.default_rng(2).integers(0, 320, (1, 70)).astype(np.int32)
-  logits = jax.jit(bundle.model.apply)({"params": bundle.params}, jnp.asarray(tokens_1xT))
+  logits = jax.jit(bundle.decoder.logits)(bundle.params, jnp.asarray(tokens_1xT))
   assert bool(jnp.all(jnp.isfinite(logits)))  # jnp.take would have filled NaN
 
 
@@ -394,7 +393,7 @@ def test_both_config_forms_of_every_test_config_read_alike_without_warnings(fami
       got, text = _warnings_of(form, caplog)
       assert got == expected and text == "", (name, text)
     if family == "gpt2":  # no RoPE to read: the 5.x form only renames torch_dtype
-      assert expected.positions == "learned" and expected.rope_scaling is None
+      assert expected.rope_base is None and expected.rope_scaling is None
       assert set(config5) - set(config) == {"dtype"}
 
 
@@ -581,7 +580,7 @@ def test_gemma2_keys_with_a_transformers_default_must_be_stated(key):
   del config[key]
   with pytest.raises(CheckpointFormatError, match=f"config.json has no '{key}'"):
     config_from_hf(config)
-  assert config_from_hf({**config, key: None}).final_softcap == (
+  assert config_from_hf({**config, key: None}).options.final_softcap == (
     None if key == "final_logit_softcapping" else 3.0
   )
 

@@ -10,11 +10,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from spectr_jax import engine, methods, sharding
 from spectr_jax.models import (
   ModelBundle,
-  Transformer,
   get_model_config,
-  init_cache,
   init_params,
+  param_axes,
 )
+from spectr_jax.models.families import llama
 
 V = 64
 MODEL_SHARDED = [(4, 2), (2, 4), (1, 8)]
@@ -85,14 +85,12 @@ def test_rules_cover_open_weight_shapes(family):
     num_kv_heads=family["num_kv_heads"],
     head_dim=family["head_dim"],
     mlp_dim=256,
-    block="sequential",
-    qkv_bias=True,
-    out_bias=True,
-    mlp_bias=True,
+    family="llama",
+    options=llama.LlamaOptions(qkv_bias=True, out_bias=True, mlp_bias=True),
     tied_embedding=False,
   )
   shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
-  specs = sharding.param_specs(shapes, sharding.make_mesh(1, 8))
+  specs = sharding.param_specs(shapes, sharding.make_mesh(1, 8), axes=param_axes(config))
   block = specs["block_0"]
   heads = family["num_heads"] % 8 == 0
   assert block["w_q"] == (PartitionSpec(None, "model") if heads else PartitionSpec())
@@ -105,9 +103,12 @@ def test_rules_cover_open_weight_shapes(family):
   assert specs["embed"]["embedding"] == vocab and specs["out_embedding"] == vocab
 
 
-def test_unknown_parameter_has_no_silent_rule():
-  with pytest.raises(KeyError, match="no sharding rule for parameter block_0/w_new"):
-    sharding.param_specs({"block_0": {"w_new": np.zeros((2, 2))}}, _mesh(1, 8))
+def test_a_parameter_without_logical_axes_has_no_silent_rule(pair):
+  """A parameter the axes do not name (another config's) is an error naming it (a layer
+  that creates one without axes: tests/test_models.py)."""
+  params = {**pair[0].params, "block_0": {**pair[0].params["block_0"], "w_new": np.zeros(2)}}
+  with pytest.raises(KeyError, match="no logical axes for parameter block_0/w_new"):
+    sharding.param_specs(params, _mesh(1, 8), axes=param_axes(pair[0].config))
 
 
 # The dimension each weight splits over "model" (Megatron): heads, MLP width, vocabulary.
@@ -123,14 +124,14 @@ def test_per_device_bytes_follow_the_rules(pair, shape):
   mesh = _mesh(*shape)
   model = shape[1]
   for bundle in pair:
-    placed = sharding.shard_params(bundle.params, mesh)
+    placed = sharding.shard_params(bundle.params, mesh, axes=param_axes(bundle.config))
     for path, x in jax.tree_util.tree_leaves_with_path(placed):
       dim = MODEL_DIM.get(path[-1].key)
       split = dim is not None and x.shape[dim] % model == 0
       full = x.size * x.dtype.itemsize
       assert sharding.per_device_bytes(x) == (full // model if split else full), path
   for bundle in pair:
-    cache = init_cache(bundle.config, 8, 3, 4)
+    cache = bundle.decoder.init_cache(8, 3, 4)
 
     @jax.jit
     def build(cache=cache):
@@ -148,20 +149,20 @@ def test_per_device_bytes_follow_the_rules(pair, shape):
 
 def _logits(bundle, tokens_BxT, mesh=None):
   """The causal forward and a prefill + 2-tail extend of the same tokens (jitted)."""
-  model = Transformer(bundle.config)
+  model = bundle.decoder
   b, t = tokens_BxT.shape
-  params = bundle.params if mesh is None else sharding.shard_params(bundle.params, mesh)
+  params = bundle.params
+  if mesh is not None:
+    params = sharding.shard_params(params, mesh, axes=model.param_axes())
 
   @jax.jit
   def run(params, tokens_BxT):
-    full = model.apply({"params": params}, tokens_BxT)
-    cache = sharding.constrain_cache(init_cache(bundle.config, b, 2, 4))
+    full = model.logits(params, tokens_BxT)
+    cache = sharding.constrain_cache(model.init_cache(b, 2, 4))
     lengths_B = jnp.full((b,), t - 3)
-    _, cache = model.apply(
-      {"params": params}, tokens_BxT, lengths_B, cache, method=Transformer.prefill
-    )
+    _, cache = model.prefill(params, tokens_BxT, lengths_B, cache)
     tails_BxKxT = jnp.stack([tokens_BxT[:, t - 3 :], tokens_BxT[:, :3]], axis=1)
-    tail, _ = model.apply({"params": params}, tails_BxKxT, cache, method=Transformer.extend)
+    tail, _ = model.extend(params, tails_BxKxT, cache)
     return full, tail
 
   if mesh is None:
@@ -239,8 +240,9 @@ def test_a_mesh_without_a_data_axis_is_refused(pair):
 
 def test_replicated_inputs_are_placed_once(pair):
   mesh = _mesh(4, 2)
-  placed = sharding.shard_params(pair[1].params, mesh)
-  again = sharding.shard_params(placed, mesh)
+  axes = param_axes(pair[1].config)
+  placed = sharding.shard_params(pair[1].params, mesh, axes=axes)
+  again = sharding.shard_params(placed, mesh, axes=axes)
   assert all(a is b for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(again), strict=True))
   rows = sharding.put(np.arange(8), NamedSharding(mesh, PartitionSpec("data")))
   assert sharding.per_device_bytes(rows) == 2 * rows.dtype.itemsize

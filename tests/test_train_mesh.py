@@ -14,7 +14,7 @@ import pytest
 
 from configs import target as target_config
 from spectr_jax import runs, sharding, train
-from spectr_jax.models import init_params
+from spectr_jax.models import init_params, param_axes
 from tests.training import small_config
 
 # Largest differences measured from the (4, 2) run (the same math, with sums split
@@ -136,7 +136,8 @@ def test_a_4x2_checkpoint_restores_bit_identical_on_another_mesh(
   loaded = runs.load_bundle(workdir, step=3)  # onto one device, whatever mesh saved it
   assert all(len(x.devices()) == 1 for x in jax.tree.leaves(loaded.params))
   on_mesh = runs.load_bundle(workdir, step=3, mesh=_mesh(*mesh))  # by the decoding rules
-  _assert_on(on_mesh.params, sharding.param_shardings(on_mesh.params, _mesh(*mesh)))
+  axes = param_axes(on_mesh.config)
+  _assert_on(on_mesh.params, sharding.param_shardings(on_mesh.params, _mesh(*mesh), axes=axes))
   for params in (restored.params, loaded.params, on_mesh.params):
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(saved.params), strict=True):
       assert np.array_equal(np.asarray(x), np.asarray(y))

@@ -1,29 +1,30 @@
 """Decoder LMs (draft and target) and their speculative-decoding KV cache.
 
 The PaLM-style models the project trains, and open-weight checkpoints (Llama, Qwen2,
-Gemma, Gemma 2, GPT-2) loaded with `load_pretrained` into the same decoder.
+Gemma, Gemma 2, GPT-2) loaded with `load_pretrained`: one family module each under
+families/ (docs/MODELS.md, "Adding a family"), all behind the `Decoder` protocol.
 
 Letters beyond the package legend: Hk key/value heads, G = H // Hk query heads per
 key/value head, Dh head width, F MLP width, R tail capacity.
 
 Usage:
   config = get_model_config("target-small", vocab_size=4096)
-  model = Transformer(config)
-  params = init_params(config, jax.random.key(0))
-  logits_BxTxV = model.apply({"params": params}, tokens_BxT)
-  cache = init_cache(config, batch_size=B, num_tails=K, tail_capacity=L + 1)
-  logits_BxTxV, cache = model.apply(
-    {"params": params}, tokens_BxT, lengths_B, cache, method=Transformer.prefill)
-  logits_BxKxTxV, cache = model.apply(
-    {"params": params}, tokens_BxKxT, cache, method=Transformer.extend)
-  cache = commit(cache, tail_idx_B, num_B)
+  model = decoder(config)
+  params = model.init_params(jax.random.key(0))
+  logits_BxTxV = model.logits(params, tokens_BxT)
+  cache = model.init_cache(batch_size=B, num_tails=K, tail_capacity=L + 1)
+  logits_BxPxV, cache = model.prefill(params, tokens_BxP, lengths_B, cache)
+  logits_BxKxTxV, cache = model.extend(params, tokens_BxKxT, cache)
+  cache = model.commit(cache, tail_idx_B, num_B)
 """
 
 import importlib
 
 # Loaded on first use, so the config boundary can import `ModelConfig` without JAX.
 _EXPORTS = {
-  "CheckpointFormatError": "pretrained",
+  "CheckpointFormatError": "hf",
+  "Decoder": "protocol",
+  "Family": "family",
   "KVCache": "cache",
   "ModelBundle": "bundle",
   "ModelConfig": "config",
@@ -33,12 +34,16 @@ _EXPORTS = {
   "commit": "cache",
   "config_from_hf": "pretrained",
   "count_params": "bundle",
-  "expected_num_params": "config",
+  "decoder": "protocol",
+  "expected_num_params": "families",
+  "family_of": "families",
   "get_model_config": "config",
   "init_cache": "cache",
   "init_params": "bundle",
   "load_pretrained": "pretrained",
   "model_config_names": "config",
+  "param_axes": "bundle",
+  "register_family": "families",
   "reset_tails": "cache",
   "rollback": "cache",
 }

@@ -4,19 +4,12 @@ Letters beyond the package legend: Hk key/value heads, G = H // Hk query heads p
 key/value head, Dh head width, R tail capacity, X any leading shape.
 """
 
-from collections.abc import Callable
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
 from spectr_jax.models import layers
 
 _MASKED = float(jnp.finfo(jnp.float32).min)
-
-# attend(q_XxHxDh, k_XxHkxDh, v_XxHkxDh) -> (o_XxHxDh, kv): the attention of one layer;
-# kv is whatever the calling mode keeps of the layer (its keys and values, or its tails).
-Attend = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
 
 
 def _group(q_XxHxDh: jax.Array, num_kv_heads: int) -> jax.Array:

@@ -1,14 +1,15 @@
-"""A model config with its parameters, and fresh parameters for a config."""
+"""A model config with its parameters; fresh parameters and the parameters' logical axes
+of a config."""
 
 import functools
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
 from spectr_jax.models.config import ModelConfig
+from spectr_jax.models.protocol import Decoder, decoder
 from spectr_jax.models.transformer import Transformer
 
 
@@ -18,20 +19,26 @@ class ModelBundle:
 
   Attributes:
     config: the hyper-parameters (static: not a pytree leaf, so a bundle can cross jit).
-    params: the flax parameter pytree of `Transformer(config)`.
+    params: the parameter pytree of the config's decoder (plain arrays).
   """
 
   config: ModelConfig = struct.field(pytree_node=False)
   params: Any
 
   @property
+  def decoder(self) -> Decoder:
+    """The decoder of this config (`models.decoder`)."""
+    return decoder(self.config)
+
+  @property
   def model(self) -> Transformer:
-    """The flax module of this config."""
+    """The flax module of this config: `model.apply({"params": params}, tokens_BxT)` is
+    the causal forward (`decoder.logits`)."""
     return Transformer(self.config)
 
 
 def init_params(config: ModelConfig, key: jax.Array) -> Any:
-  """Returns freshly initialised parameters of `Transformer(config)`.
+  """Returns freshly initialised parameters of the config's decoder.
 
   Args:
     config: the model config.
@@ -40,8 +47,14 @@ def init_params(config: ModelConfig, key: jax.Array) -> Any:
   Returns:
     The parameter pytree (the "params" collection), float32.
   """
-  tokens_1x1 = jnp.zeros((1, 1), jnp.int32)
-  return jax.jit(Transformer(config).init)(key, tokens_1x1)["params"]
+  return decoder(config).init_params(key)
+
+
+def param_axes(config: ModelConfig) -> Any:
+  """The logical axes of every parameter of the config's decoder, as attached where each
+  is created: a pytree like the parameters with tuples of axis names as leaves (for
+  `spectr_jax.sharding`'s param_specs, shard_params, describe)."""
+  return decoder(config).param_axes()
 
 
 def count_params(params: Any) -> int:

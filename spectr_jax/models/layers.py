@@ -1,46 +1,95 @@
-"""The decoder's interchangeable pieces: norms, rotary positions, MLP activations, soft-caps.
+"""The decoder's shared pieces: parameters with logical axes, the token embedding, RMSNorm,
+rotary positions, soft-caps, and the base of the families' blocks (attention and MLP).
+
+Every parameter is created with the logical axis name of each dimension (`logical`, as
+MaxText's `nn.with_logical_partitioning`): `init` returns it boxed in `Logical`, the
+models' `param_axes` reads the names from an abstract init, and parameters themselves are
+plain arrays (`flax.core.meta.unbox`). A new layer therefore needs no sharding table
+entry; `spectr_jax.sharding.RULES` maps the logical names to mesh axes:
+
+  embed      model width D           vocab      embedding and output rows V
+  heads      query heads H           kv_heads   key/value heads Hk
+  head_dim   Dh                      mlp        MLP width F
+  positions  rows of a learned position table
 
 Letters beyond the package legend: Dh head width, F MLP width, X any leading shape.
 """
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import struct
+from flax.core import meta
 
 from spectr_jax.models.config import ModelConfig, RopeScaling
 
 
-class OffsetRMSNorm(nn.Module):
-  """RMSNorm with the scale stored as an offset from 1: x / rms(x) * (1 + w) (Gemma).
+class Logical(struct.PyTreeNode, meta.AxisMetadata):
+  """A parameter as `init` creates it: its value and the logical name of each dimension.
 
-  Computed in float32 and cast to `dtype`. The scale initialises to 0 (a unit scale).
+  Unlike flax's `LogicallyPartitioned`, unboxing never adds a sharding constraint: where a
+  parameter lives is decided once, by `spectr_jax.sharding` from these names.
   """
 
-  epsilon: float = 1e-6
-  dtype: jnp.dtype = jnp.float32
-  param_dtype: jnp.dtype = jnp.float32
+  value: Any
+  names: tuple[str, ...] = struct.field(pytree_node=False)
 
-  @nn.compact
-  def __call__(self, x_XxD: jax.Array) -> jax.Array:
-    scale_D = self.param("scale", nn.initializers.zeros, (x_XxD.shape[-1],), self.param_dtype)
-    x_XxD = x_XxD.astype(jnp.float32)
-    mean_square_Xx1 = jnp.mean(jnp.square(x_XxD), axis=-1, keepdims=True)
-    y_XxD = x_XxD * jax.lax.rsqrt(mean_square_Xx1 + self.epsilon)
-    return (y_XxD * (1.0 + scale_D.astype(jnp.float32))).astype(self.dtype)
+  def unbox(self) -> Any:
+    return self.value
+
+  def replace_boxed(self, val: Any) -> "Logical":
+    return self.replace(value=val)
+
+  def add_axis(self, index: int, params: dict[Any, Any]) -> "Logical":
+    raise NotImplementedError("logical axes of a lifted (scanned, vmapped) parameter")
+
+  def remove_axis(self, index: int, params: dict[Any, Any]) -> "Logical":
+    raise NotImplementedError("logical axes of a lifted (scanned, vmapped) parameter")
 
 
-def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
-  """Returns the norm module of `config.norm` (params "scale", and "bias" for LayerNorm)."""
-  kwargs = dict(
-    epsilon=config.norm_eps, dtype=config.compute_dtype, param_dtype=jnp.float32, name=name
+# attend(q_XxHxDh, k_XxHkxDh, v_XxHkxDh, *, window, softcap) -> (o_XxHxDh, kv): the attention
+# of one layer in the calling mode (`spectr_jax.models.attention`: the causal forward, or the
+# tails against a cached prefix); kv is whatever that mode keeps of the layer.
+Attend = Callable[..., tuple[jax.Array, Any]]
+
+
+def logical(init: Callable[..., jax.Array], *names: str) -> Callable[..., Logical]:
+  """The initializer `init` with each dimension of its result named (`Logical`)."""
+
+  def boxed(*args, **kwargs) -> Logical:
+    value = init(*args, **kwargs)
+    if len(names) != value.ndim:
+      raise ValueError(f"logical axes {names} do not match a parameter of shape {value.shape}")
+    return Logical(value, names)
+
+  return boxed
+
+
+def embedding(config: ModelConfig, name: str | None = None) -> nn.Embed:
+  """The V x D token embedding (initialised N(0, 1); computed in the compute dtype)."""
+  return nn.Embed(
+    config.vocab_size,
+    config.d_model,
+    embedding_init=logical(nn.initializers.normal(1.0), "vocab", "embed"),
+    dtype=config.compute_dtype,
+    param_dtype=jnp.float32,
+    name=name,
   )
-  if config.norm == "rms":
-    return nn.RMSNorm(**kwargs)
-  if config.norm == "layernorm":
-    return nn.LayerNorm(use_fast_variance=False, **kwargs)
-  return OffsetRMSNorm(**kwargs)
+
+
+def rms_norm(config: ModelConfig, name: str | None = None) -> nn.RMSNorm:
+  """RMSNorm with scale w (param "scale", initialised to 1)."""
+  return nn.RMSNorm(
+    epsilon=config.norm_eps,
+    dtype=config.compute_dtype,
+    param_dtype=jnp.float32,
+    scale_init=logical(nn.initializers.ones, "embed"),
+    name=name,
+  )
 
 
 def _llama3_frequencies(freq_Half: jax.Array, scaling: RopeScaling) -> jax.Array:
@@ -76,13 +125,138 @@ def rope(x_XxHxDh: jax.Array, pos_X: jax.Array, freq_Half: jax.Array) -> jax.Arr
   return out.astype(x_XxHxDh.dtype)
 
 
-def mlp_activation(config: ModelConfig, x_XxF: jax.Array) -> jax.Array:
-  """The MLP nonlinearity: silu for SwiGLU, tanh-approximated GELU otherwise."""
-  if config.mlp == "swiglu":
-    return jax.nn.silu(x_XxF)
-  return jax.nn.gelu(x_XxF, approximate=True)
+def gelu_tanh(x: jax.Array) -> jax.Array:
+  """The tanh-approximated GELU (Gemma's GeGLU gate, GPT-2's MLP)."""
+  return jax.nn.gelu(x, approximate=True)
 
 
 def softcap(x: jax.Array, cap: float | None) -> jax.Array:
   """cap * tanh(x / cap), or x unchanged when cap is None."""
   return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+class Block(nn.Module):
+  """The base of the families' decoder blocks: attention and MLP over parameters with
+  logical axes, for a family's `__call__(x_XxD, pos_X, attend) -> (x_XxD, kv)` (under
+  `nn.compact`) to compose.
+
+  `attend` (`Attend`) is the attention of this layer in the calling mode.
+
+  Attributes:
+    config: the model hyper-parameters.
+    layer: the index of this block (0-based), for families whose layers differ.
+  """
+
+  config: ModelConfig
+  layer: int
+
+  def weight(
+    self, name: str, shape: tuple[int, ...], axes: tuple[str, ...], in_axis=0, out_axis=-1
+  ) -> jax.Array:
+    """A float32 weight (LeCun-normal over in_axis) named `name`, in the compute dtype."""
+    init = logical(nn.initializers.lecun_normal(in_axis=in_axis, out_axis=out_axis), *axes)
+    return self.param(name, init, shape, jnp.float32).astype(self.config.compute_dtype)
+
+  def bias(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...]) -> jax.Array:
+    """A float32 bias (zeros) named `name`, in the compute dtype."""
+    bias = self.param(name, logical(nn.initializers.zeros, *axes), shape, jnp.float32)
+    return bias.astype(self.config.compute_dtype)
+
+  def self_attention(
+    self,
+    y_XxD: jax.Array,
+    pos_X: jax.Array,
+    attend: Attend,
+    *,
+    qkv_bias: bool = False,
+    out_bias: bool = False,
+    query_scale: float | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+  ) -> tuple[jax.Array, Any]:
+    """Grouped-query self-attention: w_q, w_k, w_v, w_o (b_q, b_k, b_v with qkv_bias, b_o
+    with out_bias), queries times query_scale (None: Dh^-1/2), RoPE where the config has
+    a rope_base, `attend` with the window and soft-cap of the scores."""
+    cfg = self.config
+    d, h, hk, dh = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    w_q = self.weight("w_q", (d, h, dh), ("embed", "heads", "head_dim"), 0, (1, 2))
+    w_k = self.weight("w_k", (d, hk, dh), ("embed", "kv_heads", "head_dim"), 0, (1, 2))
+    w_v = self.weight("w_v", (d, hk, dh), ("embed", "kv_heads", "head_dim"), 0, (1, 2))
+    w_o = self.weight("w_o", (h, dh, d), ("heads", "head_dim", "embed"), (0, 1), 2)
+    q_XxHxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_q)
+    k_XxHkxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_k)
+    v_XxHkxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_v)
+    if qkv_bias:
+      q_XxHxDh = q_XxHxDh + self.bias("b_q", (h, dh), ("heads", "head_dim"))
+      k_XxHkxDh = k_XxHkxDh + self.bias("b_k", (hk, dh), ("kv_heads", "head_dim"))
+      v_XxHkxDh = v_XxHkxDh + self.bias("b_v", (hk, dh), ("kv_heads", "head_dim"))
+    q_XxHxDh = q_XxHxDh * (dh**-0.5 if query_scale is None else query_scale)
+    if cfg.rope_base is not None:
+      freq_Half = rope_frequencies(cfg)
+      q_XxHxDh = rope(q_XxHxDh, pos_X, freq_Half)
+      k_XxHkxDh = rope(k_XxHkxDh, pos_X, freq_Half)
+    o_XxHxDh, kv = attend(q_XxHxDh, k_XxHkxDh, v_XxHkxDh, window=window, softcap=softcap)
+    attn_XxD = jnp.einsum("...hk,hkd->...d", o_XxHxDh.astype(w_o.dtype), w_o)
+    if out_bias:
+      attn_XxD = attn_XxD + self.bias("b_o", (d,), ("embed",))
+    return attn_XxD, kv
+
+  def mlp(
+    self,
+    y_XxD: jax.Array,
+    activation: Callable[[jax.Array], jax.Array],
+    *,
+    gated: bool = True,
+    bias: bool = False,
+  ) -> jax.Array:
+    """activation(y W_gate) * y W_up (gated: SwiGLU, GeGLU) or activation(y W_up), then
+    W_down; b_up, b_gate, b_down with `bias`."""
+    d, f = self.config.d_model, self.config.mlp_dim
+    w_gate = self.weight("w_gate", (d, f), ("embed", "mlp")) if gated else None
+    w_up = self.weight("w_up", (d, f), ("embed", "mlp"))
+    w_down = self.weight("w_down", (f, d), ("mlp", "embed"))
+    up_XxF = y_XxD @ w_up
+    if bias:
+      up_XxF = up_XxF + self.bias("b_up", (f,), ("mlp",))
+    if gated:
+      gate_XxF = y_XxD @ w_gate
+      if bias:
+        gate_XxF = gate_XxF + self.bias("b_gate", (f,), ("mlp",))
+      hidden_XxF = activation(gate_XxF) * up_XxF
+    else:
+      hidden_XxF = activation(up_XxF)
+    out_XxD = hidden_XxF @ w_down
+    if bias:
+      out_XxD = out_XxD + self.bias("b_down", (d,), ("embed",))
+    return out_XxD
+
+
+class SequentialBlock(Block):
+  """A pre-norm block: x += attn(norm(x)), then x += mlp(mlp_norm(x)) (Llama, Gemma,
+  GPT-2). A family says which norm, attention and MLP (`make_norm`, `attention`,
+  `feed_forward`), and may normalise each output before the residual add (`post_norm`,
+  Gemma 2)."""
+
+  def make_norm(self, name: str) -> nn.Module:
+    """The family's norm module named `name`."""
+    raise NotImplementedError
+
+  def attention(self, y_XxD: jax.Array, pos_X: jax.Array, attend: Attend):
+    """The family's self-attention of the normalised input: (attn_XxD, kv)."""
+    return self.self_attention(y_XxD, pos_X, attend, window=self.config.sliding_window)
+
+  def feed_forward(self, y_XxD: jax.Array) -> jax.Array:
+    """The family's MLP of the normalised input."""
+    raise NotImplementedError
+
+  def post_norm(self, x_XxD: jax.Array, name: str) -> jax.Array:
+    """What the attention and MLP outputs go through before the residual add (nothing)."""
+    del name
+    return x_XxD
+
+  @nn.compact
+  def __call__(self, x_XxD: jax.Array, pos_X: jax.Array, attend: Attend) -> tuple[jax.Array, Any]:
+    attn_XxD, kv = self.attention(self.make_norm("norm")(x_XxD), pos_X, attend)
+    x_XxD = x_XxD + self.post_norm(attn_XxD, "post_attn_norm")
+    mlp_XxD = self.feed_forward(self.make_norm("mlp_norm")(x_XxD))
+    return x_XxD + self.post_norm(mlp_XxD, "post_mlp_norm"), kv

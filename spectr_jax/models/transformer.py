@@ -1,7 +1,9 @@
-"""The decoder LM: PaLM-style by default, or a Llama / Qwen2 / Gemma / Gemma 2 / GPT-2 block.
+"""The decoder LM shared by every family: embedding, N blocks, final norm, logits.
 
-The config chooses the block (parallel or sequential pre-norm), the norms, positions, MLP,
-biases, soft-caps and sliding windows (models/layers.py holds those pieces).
+The family of the config (`spectr_jax.models.families`) gives the pieces: its token
+embedding, an optional additive position embedding, its block (models/layers.py holds
+the shared attention and MLP), its final norm and its logits transform; the output layer
+(the tied embedding or `out_embedding`, restricted to output_vocab_size) is common.
 
 Letters beyond the package legend: Hk key/value heads, G = H // Hk query heads per
 key/value head, Dh head width, F MLP width, R tail capacity, X any leading shape.
@@ -10,9 +12,6 @@ The KV cache is an explicit pytree (`KVCache`) passed in and returned, never a m
 flax collection, so every method is a pure function of (params, inputs, cache).
 """
 
-import functools
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -20,99 +19,17 @@ import jax.numpy as jnp
 from spectr_jax.models import attention, layers
 from spectr_jax.models.cache import KVCache
 from spectr_jax.models.config import ModelConfig
-
-
-class _Block(nn.Module):
-  """One decoder block: PaLM's parallel block or a sequential pre-norm block.
-
-  Parallel: x + attn(norm(x)) + mlp(norm(x)). Sequential: x += attn(norm(x)), then
-  x += mlp(mlp_norm(x)), with Gemma 2's post_attn_norm / post_mlp_norm applied to the
-  attention and MLP outputs when `post_norms`.
-  """
-
-  config: ModelConfig
-
-  @nn.compact
-  def __call__(
-    self, x_XxD: jax.Array, pos_X: jax.Array, attend: attention.Attend
-  ) -> tuple[jax.Array, Any]:
-    cfg = self.config
-    y_XxD = layers.make_norm(cfg, "norm")(x_XxD)
-    attn_XxD, kv = self._self_attention(y_XxD, pos_X, attend)
-    if cfg.post_norms:
-      attn_XxD = layers.make_norm(cfg, "post_attn_norm")(attn_XxD)
-    if cfg.block == "parallel":
-      return x_XxD + attn_XxD + self._mlp(y_XxD), kv
-    x_XxD = x_XxD + attn_XxD
-    mlp_XxD = self._mlp(layers.make_norm(cfg, "mlp_norm")(x_XxD))
-    if cfg.post_norms:
-      mlp_XxD = layers.make_norm(cfg, "post_mlp_norm")(mlp_XxD)
-    return x_XxD + mlp_XxD, kv
-
-  def _weight(self, name: str, shape: tuple[int, ...], in_axis=0, out_axis=-1) -> jax.Array:
-    init = nn.initializers.lecun_normal(in_axis=in_axis, out_axis=out_axis)
-    return self.param(name, init, shape, jnp.float32).astype(self.config.compute_dtype)
-
-  def _bias(self, name: str, shape: tuple[int, ...]) -> jax.Array:
-    bias = self.param(name, nn.initializers.zeros, shape, jnp.float32)
-    return bias.astype(self.config.compute_dtype)
-
-  def _self_attention(
-    self, y_XxD: jax.Array, pos_X: jax.Array, attend: attention.Attend
-  ) -> tuple[jax.Array, Any]:
-    cfg = self.config
-    d, h, hk, dh = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    w_q = self._weight("w_q", (d, h, dh), 0, (1, 2))
-    w_k = self._weight("w_k", (d, hk, dh), 0, (1, 2))
-    w_v = self._weight("w_v", (d, hk, dh), 0, (1, 2))
-    w_o = self._weight("w_o", (h, dh, d), (0, 1), 2)
-    q_XxHxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_q)
-    k_XxHkxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_k)
-    v_XxHkxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_v)
-    if cfg.qkv_bias:
-      q_XxHxDh = q_XxHxDh + self._bias("b_q", (h, dh))
-      k_XxHkxDh = k_XxHkxDh + self._bias("b_k", (hk, dh))
-      v_XxHkxDh = v_XxHkxDh + self._bias("b_v", (hk, dh))
-    q_XxHxDh = q_XxHxDh * (dh**-0.5 if cfg.query_scale is None else cfg.query_scale)
-    if cfg.positions == "rope":
-      freq_Half = layers.rope_frequencies(cfg)
-      q_XxHxDh = layers.rope(q_XxHxDh, pos_X, freq_Half)
-      k_XxHkxDh = layers.rope(k_XxHkxDh, pos_X, freq_Half)
-    o_XxHxDh, kv = attend(q_XxHxDh, k_XxHkxDh, v_XxHkxDh)
-    attn_XxD = jnp.einsum("...hk,hkd->...d", o_XxHxDh.astype(w_o.dtype), w_o)
-    if cfg.out_bias:
-      attn_XxD = attn_XxD + self._bias("b_o", (d,))
-    return attn_XxD, kv
-
-  def _mlp(self, y_XxD: jax.Array) -> jax.Array:
-    cfg = self.config
-    d, f = cfg.d_model, cfg.mlp_dim
-    w_gate = self._weight("w_gate", (d, f)) if cfg.gated_mlp else None
-    w_up = self._weight("w_up", (d, f))
-    w_down = self._weight("w_down", (f, d))
-    up_XxF = y_XxD @ w_up
-    if cfg.mlp_bias:
-      up_XxF = up_XxF + self._bias("b_up", (f,))
-    if cfg.gated_mlp:
-      gate_XxF = y_XxD @ w_gate
-      if cfg.mlp_bias:
-        gate_XxF = gate_XxF + self._bias("b_gate", (f,))
-      hidden_XxF = layers.mlp_activation(cfg, gate_XxF) * up_XxF
-    else:
-      hidden_XxF = layers.mlp_activation(cfg, up_XxF)
-    out_XxD = hidden_XxF @ w_down
-    if cfg.mlp_bias:
-      out_XxD = out_XxD + self._bias("b_down", (d,))
-    return out_XxD
+from spectr_jax.models.families import family_of
 
 
 class Transformer(nn.Module):
   """Decoder-only LM with a speculative-decoding KV cache.
 
-  The input embedding (initialised N(0, 1); times sqrt(D) if `embed_scale`, plus a
-  learned position row if `positions == "learned"`) feeds N blocks; the logits are
-  final_norm(x) @ E.T with E the input embedding (tied) or `out_embedding`, divided by
-  sqrt(D) if `scale_logits`, soft-capped if `final_softcap`. Logits are float32.
+  The family's token embedding (PaLM, Llama, GPT-2: N(0, 1) rows; Gemma: times sqrt(D)),
+  plus its position embedding (GPT-2's learned rows), feeds N of the family's blocks;
+  the logits are final_norm(x) @ E.T with E the input embedding (tied) or
+  `out_embedding`, through the family's transform (PaLM: / sqrt(D); Gemma 2: soft-cap).
+  Logits are float32.
 
   Attributes:
     config: the model hyper-parameters.
@@ -122,36 +39,21 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embed = nn.Embed(
-      cfg.vocab_size,
-      cfg.d_model,
-      embedding_init=nn.initializers.normal(1.0),
-      dtype=cfg.compute_dtype,
-      param_dtype=jnp.float32,
-    )
-    if cfg.positions == "learned":
-      self.pos_embed = nn.Embed(
-        cfg.num_positions,
-        cfg.d_model,
-        embedding_init=nn.initializers.normal(0.02),
-        dtype=cfg.compute_dtype,
-        param_dtype=jnp.float32,
-      )
+    family = family_of(cfg)
+    self.embed = family.embedding(cfg)
+    self.pos_embed = family.position_embedding(cfg)
     if not cfg.tied_embedding:
+      init = layers.logical(nn.initializers.normal(1.0), "vocab", "embed")
       self.out_embedding = self.param(
-        "out_embedding", nn.initializers.normal(1.0), (cfg.vocab_size, cfg.d_model), jnp.float32
+        "out_embedding", init, (cfg.vocab_size, cfg.d_model), jnp.float32
       )
-    self.blocks = [_Block(cfg, name=f"block_{i}") for i in range(cfg.num_layers)]
-    self.final_norm = layers.make_norm(cfg)
+    self.blocks = [family.block(cfg, layer=i, name=f"block_{i}") for i in range(cfg.num_layers)]
+    self.final_norm = family.norm(cfg)
 
   def _embed(self, tokens_XxT: jax.Array, pos_XxT: jax.Array) -> jax.Array:
-    cfg = self.config
     x_XxTxD = self.embed(tokens_XxT)
-    if cfg.embed_scale:
-      x_XxTxD = x_XxTxD * jnp.asarray(cfg.d_model**0.5, cfg.compute_dtype)
-    if cfg.positions == "learned":
-      # Clamped: jnp.take would fill NaN past the table (padding positions reach it).
-      x_XxTxD = x_XxTxD + self.pos_embed(jnp.minimum(pos_XxT, cfg.num_positions - 1))
+    if self.pos_embed is not None:
+      x_XxTxD = x_XxTxD + self.pos_embed(pos_XxT)
     return x_XxTxD
 
   def _logits(self, x_XxD: jax.Array) -> jax.Array:
@@ -162,22 +64,16 @@ class Transformer(nn.Module):
     else:
       table_VxD = self.embed.embedding if cfg.tied_embedding else self.out_embedding
       logits_XxV = y_XxD @ table_VxD[: cfg.num_logits].astype(y_XxD.dtype).T
-    if cfg.scale_logits:
-      logits_XxV = logits_XxV * cfg.d_model**-0.5
-    return layers.softcap(logits_XxV.astype(jnp.float32), cfg.final_softcap)
+    return family_of(cfg).finish_logits(cfg, logits_XxV)
 
   def _causal(self, tokens_BxT: jax.Array) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
     """The causal forward at positions 0..T-1; returns logits and every layer's (k, v)."""
     b, t = tokens_BxT.shape
     pos_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
     x_BxTxD = self._embed(tokens_BxT, pos_BxT)
-    cfg = self.config
     kvs = []
-    for n, block in enumerate(self.blocks):
-      attend = functools.partial(
-        attention.causal, window=cfg.layer_window(n), softcap=cfg.attn_softcap
-      )
-      x_BxTxD, kv = block(x_BxTxD, pos_BxT, attend)
+    for block in self.blocks:
+      x_BxTxD, kv = block(x_BxTxD, pos_BxT, attention.causal)
       kvs.append(kv)
     return self._logits(x_BxTxD), kvs
 
@@ -252,13 +148,13 @@ class Transformer(nn.Module):
     tail_pos_BxKxT = cache.tail_len[:, :, None] + jnp.arange(t)
     pos_BxKxT = cache.prefix_len[:, None, None] + tail_pos_BxKxT
     x_BxKxTxD = self._embed(tokens_BxKxT, pos_BxKxT)
-    cfg = self.config
     # Each layer's new entries go straight into the stacked tails (updated in place
     # under jit; each layer reads its slice from the running array, never a stale one).
     tail_k_all, tail_v_all = cache.tail_k, cache.tail_v
     for n, block in enumerate(self.blocks):
 
-      def attend(q, k_new, v_new, n=n, old_k=tail_k_all[n], old_v=tail_v_all[n]):
+      def attend(q, k_new, v_new, *, window, softcap, n=n, old_k=tail_k_all[n],
+                 old_v=tail_v_all[n]):  # fmt: skip
         tail_k = attention.write_tail(old_k, k_new, cache.tail_len)
         tail_v = attention.write_tail(old_v, v_new, cache.tail_len)
         o = attention.tails(
@@ -269,8 +165,8 @@ class Transformer(nn.Module):
           tail_k,
           tail_v,
           tail_pos_BxKxT,
-          window=cfg.layer_window(n),
-          softcap=cfg.attn_softcap,
+          window=window,
+          softcap=softcap,
         )
         return o, (tail_k, tail_v)
 

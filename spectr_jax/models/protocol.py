@@ -1,0 +1,167 @@
+"""The decoder protocol: what the engine's round, training and analysis call of a model.
+
+A `Decoder` is static (hashable, no arrays: it lives in the engine's static `DecodeSpec`
+and crosses jit as a static argument); parameters and caches are passed in and returned.
+`decoder(config)` gives the decoder of a config, whatever its family: the round never
+names a model class. `extend` is the drafting seam's call (`spectr_jax.drafting`).
+"""
+
+import dataclasses
+import functools
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+from flax.core import meta
+
+from spectr_jax.models import cache as cache_lib
+from spectr_jax.models import layers
+from spectr_jax.models.cache import KVCache
+from spectr_jax.models.config import ModelConfig
+from spectr_jax.models.families import family_of
+from spectr_jax.models.transformer import Transformer
+
+
+@runtime_checkable
+class Decoder(Protocol):
+  """A decoder LM with the speculative-decoding cache of docs/CACHE.md.
+
+  Attributes:
+    config: the model hyper-parameters.
+  """
+
+  config: ModelConfig
+
+  @property
+  def num_logits(self) -> int:
+    """V, the last dimension of the logits."""
+
+  def init_params(self, key: jax.Array) -> Any:
+    """Fresh parameters (plain arrays, float32)."""
+
+  def param_axes(self) -> Any:
+    """The logical axis names of every parameter: a pytree like the parameters whose
+    leaves are tuples of names (`spectr_jax.sharding` maps them to mesh axes)."""
+
+  def init_cache(
+    self, batch_size: int, num_tails: int, tail_capacity: int, cache_len: int | None = None
+  ) -> KVCache:
+    """An empty cache of B rows, K tails of R slots and a prefix of S = cache_len
+    (default config.max_len) slots."""
+
+  def prefill(
+    self, params: Any, tokens_BxP: jax.Array, lengths_B: jax.Array, cache: KVCache
+  ) -> tuple[jax.Array, KVCache]:
+    """Stores right-padded prompts as the cache prefix: (logits_BxPxV, cache)."""
+
+  def extend(
+    self,
+    params: Any,
+    tokens_BxKxT: jax.Array,
+    cache: KVCache,
+    num_new_B: jax.Array | None = None,
+    logits_at_B: jax.Array | None = None,
+  ) -> tuple[jax.Array, KVCache]:
+    """Appends T tokens to each of the K tails: (logits_BxKxTxV, or logits_BxKxV at
+    logits_at_B, and the cache)."""
+
+  def commit(self, cache: KVCache, tail_B: jax.Array, num_B: jax.Array) -> KVCache:
+    """Appends the first num_B[b] entries of tail tail_B[b] to each row's prefix."""
+
+  def logits(self, params: Any, tokens_BxT: jax.Array) -> jax.Array:
+    """The causal forward of whole sequences: logits_BxTxV, float32."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerDecoder:
+  """The `Decoder` of every family built on the shared `Transformer`.
+
+  Attributes:
+    config: the model hyper-parameters.
+  """
+
+  config: ModelConfig
+
+  @property
+  def module(self) -> Transformer:
+    """The flax module (its `apply({"params": params}, tokens_BxT)` is `logits`)."""
+    return Transformer(self.config)
+
+  @property
+  def num_logits(self) -> int:
+    return self.config.num_logits
+
+  def init_params(self, key: jax.Array) -> Any:
+    return _init(self.config, key)
+
+  def param_axes(self) -> Any:
+    return _param_axes(self.config)
+
+  def init_cache(
+    self, batch_size: int, num_tails: int, tail_capacity: int, cache_len: int | None = None
+  ) -> KVCache:
+    config = self.config
+    if cache_len is not None:
+      config = dataclasses.replace(config, max_len=cache_len)
+    return cache_lib.init_cache(config, batch_size, num_tails, tail_capacity)
+
+  def prefill(
+    self, params: Any, tokens_BxP: jax.Array, lengths_B: jax.Array, cache: KVCache
+  ) -> tuple[jax.Array, KVCache]:
+    return self.module.apply(
+      {"params": params}, tokens_BxP, lengths_B, cache, method=Transformer.prefill
+    )
+
+  def extend(
+    self,
+    params: Any,
+    tokens_BxKxT: jax.Array,
+    cache: KVCache,
+    num_new_B: jax.Array | None = None,
+    logits_at_B: jax.Array | None = None,
+  ) -> tuple[jax.Array, KVCache]:
+    return self.module.apply(
+      {"params": params}, tokens_BxKxT, cache, num_new_B, logits_at_B, method=Transformer.extend
+    )
+
+  def commit(self, cache: KVCache, tail_B: jax.Array, num_B: jax.Array) -> KVCache:
+    return cache_lib.commit(cache, tail_B, num_B)
+
+  def logits(self, params: Any, tokens_BxT: jax.Array) -> jax.Array:
+    return self.module.apply({"params": params}, tokens_BxT)
+
+
+def decoder(config: ModelConfig) -> Decoder:
+  """The decoder of `config` (its family and options checked).
+
+  Raises:
+    ValueError: an unknown family, or options the family does not take.
+  """
+  family_of(config)
+  return TransformerDecoder(config)
+
+
+def _boxed_init(config: ModelConfig, key: jax.Array) -> Any:
+  """The "params" collection of the module's init: parameters boxed in `layers.Logical`."""
+  return Transformer(config).init(key, jnp.zeros((1, 1), jnp.int32))["params"]
+
+
+def _init(config: ModelConfig, key: jax.Array) -> Any:
+  return meta.unbox(jax.jit(functools.partial(_boxed_init, config))(key))
+
+
+@functools.cache
+def _param_axes(config: ModelConfig) -> Any:
+  boxed = jax.eval_shape(functools.partial(_boxed_init, config), jax.random.key(0))
+  is_box = lambda x: isinstance(x, layers.Logical)
+
+  def names(path, leaf):
+    if not is_box(leaf):
+      where = "/".join(str(getattr(k, "key", k)) for k in path)
+      raise ValueError(
+        f"parameter {where} of the {config.family} family was created without logical "
+        "axes (layers.logical)"
+      )
+    return leaf.names
+
+  return jax.tree_util.tree_map_with_path(names, boxed, is_leaf=is_box)
