@@ -1,4 +1,4 @@
-"""Exactness and optimality of the OT-optimal verifier (spectr_jax/optimal.py).
+"""Exactness and optimality of the OT-optimal verifier (spectr_jax/optimal/).
 
 - Exact enumeration of every draft tuple (V = 2..5, k = 1..4, random and edge-case pairs):
   the law of the selected draft equals r, the output law equals q and the hit probability
@@ -22,6 +22,9 @@ import numpy as np
 import pytest
 
 from spectr_jax import acceptance, optimal
+from spectr_jax.optimal import apply as opt_apply
+from spectr_jax.optimal import plan as opt_plan
+from spectr_jax.optimal import slots as opt_slots
 from tests import optimal_reference as ref
 from tests import stats
 
@@ -196,10 +199,10 @@ def test_merged_slots_stay_exact(monkeypatch):
   merge into 5 slots: the law of Z is r and the output law is q (exact enumeration),
   bound >= alpha* and shortfall = bound - accept; taking r as if every token were its
   own slot (the unmerged plan's r) with the merged slots breaks the output law."""
-  monkeypatch.setattr(optimal, "_OCTAVES", 1)
-  monkeypatch.setattr(optimal, "_BUCKETS_PER_OCTAVE", 1)
+  monkeypatch.setattr(opt_slots, "_OCTAVES", 1)
+  monkeypatch.setattr(opt_slots, "_BUCKETS_PER_OCTAVE", 1)
   rng = np.random.default_rng(5)
-  plan_fn = jax.jit(lambda p, q, m: optimal._plan_single(p, q, 3, m, 3), static_argnums=2)
+  plan_fn = jax.jit(lambda p, q, m: opt_plan._plan_single(p, q, 3, m, 3), static_argnums=2)
   broken_checked = 0
   with jax.enable_x64(True):
     for conc in (0.5, 1.0, 3.0):
@@ -248,7 +251,7 @@ def _draw(key, p_V, n, k):
   return jnp.minimum(jnp.searchsorted(cdf_V, u_NxK, side="right"), last).astype(jnp.int32)
 
 
-_apply_N = jax.jit(jax.vmap(optimal._apply_plan, in_axes=(0, 0, None, None, None)))
+_apply_N = jax.jit(jax.vmap(opt_apply._apply_plan, in_axes=(0, 0, None, None, None)))
 _optimal_N = jax.jit(
   jax.vmap(
     lambda key, drafts_K, p_V, q_V, valid_K: optimal.optimal(
@@ -405,7 +408,9 @@ def test_slot_order_sorts_by_ratio_code_then_index(vocab):
   q[rng.choice(vocab, 20, replace=False)] = 0.0
   q[:50] = p[:50]  # exact ratio ties
   p, q = p / p.sum(), q / q.sum()
-  order = np.asarray(optimal._slot_order(jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)))
+  order = np.asarray(
+    opt_slots._slot_order(jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32))
+  )
   assert sorted(order) == list(range(vocab))
   p, q = p[order].astype(np.float32), q[order].astype(np.float32)
   group = np.where(p > 0, np.where(q > 0, 0, 1), 2)
@@ -470,9 +475,9 @@ def test_plan_matches_float64_reference_at_llm_sizes(vocab):
 
 
 def _stepped_sums(cls, x_VxC):
-  """Broken `_Sums.of`: plain blocked float prefix sums with every other 128-block one
+  """Broken `Sums.of`: plain blocked float prefix sums with every other 128-block one
   unit in the last place low, so that they step down at block boundaries."""
-  sums = optimal._cumsum(x_VxC)
+  sums = opt_slots.cumsum(x_VxC)
   low = (jnp.arange(x_VxC.shape[0])[:, None] // 128) % 2 == 1
   sums = jnp.where(low, jnp.nextafter(sums, -jnp.inf), sums)
   zero = jnp.zeros((1, x_VxC.shape[1]), x_VxC.dtype)
@@ -483,7 +488,7 @@ def _stepped_sums(cls, x_VxC):
 
 def test_non_monotone_prefix_sums_are_caught(monkeypatch):
   p_V, q_V = _llm_pair(0, 32000)
-  monkeypatch.setattr(optimal._Sums, "of", classmethod(_stepped_sums))
-  plan = jax.jit(lambda p, q: optimal._plan_single(p, q, 8, optimal.DEFAULT_NUM_CUTS, 8))(p_V, q_V)
+  monkeypatch.setattr(opt_slots.Sums, "of", classmethod(_stepped_sums))
+  plan = jax.jit(lambda p, q: opt_plan._plan_single(p, q, 8, optimal.DEFAULT_NUM_CUTS, 8))(p_V, q_V)
   with pytest.raises(AssertionError, match="accept"):
     _check_plan_against_reference(plan, p_V, q_V, 8, "stepped sums")
