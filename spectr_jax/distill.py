@@ -298,7 +298,7 @@ def alignment(
   for start in range(0, config.eval_prompts, batch_size):
     rows = slice(start, min(start + batch_size, config.eval_prompts))
     tokens_BxW, pos_BxT = continue_prompts(
-      jax.random.key(seed), target, prompts.tokens_BxT[rows], prompts.lengths_B[rows],
+      jax.random.key(seed), target, prompts.tokens_BxP[rows], prompts.lengths_B[rows],
       config.eval_tokens, config, jnp.arange(rows.start, rows.stop, dtype=jnp.int32),
     )  # fmt: skip
     sums += np.asarray(_alignment_sums(draft, target, tokens_BxW, pos_BxT, config, num_drafts))
