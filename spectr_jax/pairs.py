@@ -57,11 +57,6 @@ class Pair:
   description: dict[str, Any]
   special: SpecialIds = RESERVED
 
-  @property
-  def cost_ratio(self) -> float:
-    """Draft parameters / target parameters (the latency model's draft step cost)."""
-    return self.description["draft_params"] / self.description["target_params"]
-
 
 def make_pair(
   draft: ModelBundle,
