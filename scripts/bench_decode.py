@@ -59,7 +59,7 @@ def bench_prompts(heldout, batch, prompt_len, vocab):
   """B held-out prompts of the pair, or random token ids when there is none."""
   if heldout is not None:
     prompts = data.make_prompts(heldout, batch, prompt_len, seed=0)
-    return jnp.asarray(prompts.tokens_BxT), jnp.asarray(prompts.lengths_B)
+    return jnp.asarray(prompts.tokens_BxP), jnp.asarray(prompts.lengths_B)
   tokens = np.random.default_rng(0).integers(3, vocab, (batch, prompt_len))
   return jnp.asarray(tokens, jnp.int32), jnp.full((batch,), prompt_len, jnp.int32)
 

@@ -1,4 +1,4 @@
-"""Speed and acceptance of the OT-optimal verifier (spectr_jax/optimal.py).
+"""Speed and acceptance of the OT-optimal verifier (spectr_jax/optimal/).
 
 Speed: for each vocabulary size V and number of drafts K, the median wall time (jitted,
 after a warm-up call) of one round of L positions of `optimal.optimal` (vmapped over the

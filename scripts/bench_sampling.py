@@ -30,16 +30,16 @@ def old_categorical(key, weights_V):
 
 def bench_row(vocab: int, rows: int, repeats: int) -> dict:
   logits_key, key = jax.random.split(jax.random.key(0))
-  probs_RxV = jax.nn.softmax(4.0 * jax.random.normal(logits_key, (rows, vocab)), axis=-1)
-  keys_R = jax.random.split(key, rows)
-  row = {"V": vocab, "R": rows}
+  probs_BxV = jax.nn.softmax(4.0 * jax.random.normal(logits_key, (rows, vocab)), axis=-1)
+  keys_B = jax.random.split(key, rows)
+  row = {"V": vocab, "B": rows}
   for name, fn in (("old", old_categorical), ("new", sampling.categorical)):
-    row[f"{name}_1"] = 1e3 * median_seconds(jax.jit(fn), key, probs_RxV[0], repeats=repeats)
-    row[f"{name}_R"] = 1e3 * median_seconds(
-      jax.jit(jax.vmap(fn)), keys_R, probs_RxV, repeats=repeats
+    row[f"{name}_1"] = 1e3 * median_seconds(jax.jit(fn), key, probs_BxV[0], repeats=repeats)
+    row[f"{name}_B"] = 1e3 * median_seconds(
+      jax.jit(jax.vmap(fn)), keys_B, probs_BxV, repeats=repeats
     )
   row["ratio_1"] = row["new_1"] / row["old_1"]
-  row["ratio_R"] = row["new_R"] / row["old_R"]
+  row["ratio_B"] = row["new_B"] / row["old_B"]
   return row
 
 
@@ -49,10 +49,10 @@ def format_table(rows: list[dict]) -> str:
     ("old_1", "old 1 draw ms", "{:.3f}"),
     ("new_1", "new 1 draw ms", "{:.3f}"),
     ("ratio_1", "new/old", "{:.2f}"),
-    ("R", "rows", "{:d}"),
-    ("old_R", "old vmapped ms", "{:.3f}"),
-    ("new_R", "new vmapped ms", "{:.3f}"),
-    ("ratio_R", "new/old (vmapped)", "{:.2f}"),
+    ("B", "rows", "{:d}"),
+    ("old_B", "old vmapped ms", "{:.3f}"),
+    ("new_B", "new vmapped ms", "{:.3f}"),
+    ("ratio_B", "new/old (vmapped)", "{:.2f}"),
   ]
   return markdown_table(rows, cols)
 

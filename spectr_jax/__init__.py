@@ -2,9 +2,10 @@
 
 Shape letters used in names throughout the package (one meaning each; `x` separates
 axes, e.g. p_BxKxLxV):
-  B   batch: rows of one call (prompts, or training rows)
+  B   batch: rows of one call (prompts, training rows, or the draws of a statistical test)
   K   drafts                          L   draft length; L1 = L + 1, L2 = L + 2
   V   vocabulary; V1 = V + 1, V2 = V + 2   X   positions flattened into one axis
+  Vb, Vt  the sampler's blocks of the vocabulary and the tokens of one block
   T   time: tokens along a sequence (the new tokens of a call); T1 = T + 1
   P   prompt width (right-padded)     W   width of a token buffer (prompt + new tokens,
                                           or the output buffer of a decode)
@@ -14,7 +15,7 @@ axes, e.g. p_BxKxLxV):
   N   layers                          M   candidate breakpoints (optimal verifier)
   E   examples: rows of a data set (held-out rows) or prompts of one seed
   Z   seeds of a sweep                I   bootstrap resamples
-  A   any length (generic helpers)    C   columns stacked side by side
+  A   any length or leading shape (generic helpers)   C   columns stacked side by side
 
 Layers (imports go down only; tests/test_layers.py checks them):
   entry points (experiments/, scripts/)

@@ -124,7 +124,7 @@ def collect_trajectories(
     key,
     draft=None,
     target=target,
-    prompts=prompts.tokens_BxT,
+    prompts=prompts.tokens_BxP,
     prompt_lengths=prompts.lengths_B,
     method="autoregressive",
     max_new_tokens=num_tokens,
@@ -133,12 +133,12 @@ def collect_trajectories(
     top_p=top_p,
     prompt_ids=prompt_ids,
   )
-  b, width = prompts.tokens_BxT.shape
+  b, width = prompts.tokens_BxP.shape
   lengths_B = jnp.asarray(prompts.lengths_B, jnp.int32)
   tokens_BxW = (
     jnp.full((b, width + num_tokens), special.pad, jnp.int32)
     .at[:, :width]
-    .set(jnp.asarray(prompts.tokens_BxT, jnp.int32))
+    .set(jnp.asarray(prompts.tokens_BxP, jnp.int32))
   )
   pos_BxT = lengths_B[:, None] + jnp.arange(num_tokens)[None, :]
   tokens_BxW = tokens_BxW.at[jnp.arange(b)[:, None], pos_BxT].set(out.tokens_BxT)

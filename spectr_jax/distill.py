@@ -35,34 +35,34 @@ def _log(x):
   return jnp.log(jnp.maximum(x, _TINY))
 
 
-def _kl(a_XxV: jax.Array, b_XxV: jax.Array) -> jax.Array:
+def _kl(a_AxV: jax.Array, b_AxV: jax.Array) -> jax.Array:
   """KL(a || b) per row: sum_x a log(a / b), with 0 log 0 = 0."""
-  return jnp.sum(jax.scipy.special.xlogy(a_XxV, a_XxV) - a_XxV * _log(b_XxV), axis=-1)
+  return jnp.sum(jax.scipy.special.xlogy(a_AxV, a_AxV) - a_AxV * _log(b_AxV), axis=-1)
 
 
-def divergence(p_XxV: jax.Array, q_XxV: jax.Array, name: str, skew: float = 0.5) -> jax.Array:
+def divergence(p_AxV: jax.Array, q_AxV: jax.Array, name: str, skew: float = 0.5) -> jax.Array:
   """The divergence between the draft's p and the target's q at every position.
 
   Args:
-    p_XxV: draft distributions (any leading shape X).
-    q_XxV: target distributions, same shape.
+    p_AxV: draft distributions (any leading shape A).
+    q_AxV: target distributions, same shape.
     name: "forward_kl" KL(q || p), "reverse_kl" KL(p || q), "tv" 1 - sum min(p, q) (the
       total variation), "jsd" skew KL(q || m) + (1 - skew) KL(p || m) with
       m = skew q + (1 - skew) p.
     skew: the target's weight in "jsd".
 
   Returns:
-    The divergence [X] (float32).
+    The divergence [A] (float32).
   """
   if name == "forward_kl":
-    return _kl(q_XxV, p_XxV)
+    return _kl(q_AxV, p_AxV)
   if name == "reverse_kl":
-    return _kl(p_XxV, q_XxV)
+    return _kl(p_AxV, q_AxV)
   if name == "tv":
-    return 1.0 - acceptance.overlap(p_XxV, q_XxV)
+    return 1.0 - acceptance.overlap(p_AxV, q_AxV)
   if name == "jsd":
-    m_XxV = skew * q_XxV + (1.0 - skew) * p_XxV
-    return skew * _kl(q_XxV, m_XxV) + (1.0 - skew) * _kl(p_XxV, m_XxV)
+    m_AxV = skew * q_AxV + (1.0 - skew) * p_AxV
+    return skew * _kl(q_AxV, m_AxV) + (1.0 - skew) * _kl(p_AxV, m_AxV)
   raise ValueError(f"unknown divergence {name!r}")
 
 
@@ -298,7 +298,7 @@ def alignment(
   for start in range(0, config.eval_prompts, batch_size):
     rows = slice(start, min(start + batch_size, config.eval_prompts))
     tokens_BxW, pos_BxT = continue_prompts(
-      jax.random.key(seed), target, prompts.tokens_BxT[rows], prompts.lengths_B[rows],
+      jax.random.key(seed), target, prompts.tokens_BxP[rows], prompts.lengths_B[rows],
       config.eval_tokens, config, jnp.arange(rows.start, rows.stop, dtype=jnp.int32),
     )  # fmt: skip
     sums += np.asarray(_alignment_sums(draft, target, tokens_BxW, pos_BxT, config, num_drafts))

@@ -163,7 +163,7 @@ def run_cell(
       jax.random.key(cell.seed),
       draft=pair.draft if methods.get(cell.method).speculative else None,
       target=pair.target,
-      prompts=prompts.tokens_BxT[index],
+      prompts=prompts.tokens_BxP[index],
       prompt_lengths=prompts.lengths_B[index],
       method=cell.method,
       num_drafts=cell.num_drafts,

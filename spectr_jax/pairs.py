@@ -57,11 +57,6 @@ class Pair:
   description: dict[str, Any]
   special: SpecialIds = RESERVED
 
-  @property
-  def cost_ratio(self) -> float:
-    """Draft parameters / target parameters (the latency model's draft step cost)."""
-    return self.description["draft_params"] / self.description["target_params"]
-
 
 def make_pair(
   draft: ModelBundle,
@@ -181,11 +176,11 @@ def _dropped_mass(bundle: ModelBundle, prompts: Prompts) -> float:
   """Mean probability (temperature 1) that `bundle` puts past its `num_logits` ids, over
   the prompts' positions: what restricting it to the tokenizer's ids drops."""
   full = ModelBundle(dataclasses.replace(bundle.config, output_vocab_size=None), bundle.params)
-  tokens_BxT = jnp.asarray(prompts.tokens_BxT)
-  logits_BxTxV = jax.jit(full.decoder.logits)(full.params, tokens_BxT)
-  cut_BxT = jnp.sum(jax.nn.softmax(logits_BxTxV, axis=-1)[..., bundle.config.num_logits :], -1)
-  valid_BxT = jnp.arange(tokens_BxT.shape[1]) < jnp.asarray(prompts.lengths_B)[:, None]
-  return float(jnp.sum(jnp.where(valid_BxT, cut_BxT, 0.0)) / jnp.sum(valid_BxT))
+  tokens_BxP = jnp.asarray(prompts.tokens_BxP)
+  logits_BxPxV = jax.jit(full.decoder.logits)(full.params, tokens_BxP)
+  cut_BxP = jnp.sum(jax.nn.softmax(logits_BxPxV, axis=-1)[..., bundle.config.num_logits :], -1)
+  valid_BxP = jnp.arange(tokens_BxP.shape[1]) < jnp.asarray(prompts.lengths_B)[:, None]
+  return float(jnp.sum(jnp.where(valid_BxP, cut_BxP, 0.0)) / jnp.sum(valid_BxP))
 
 
 def restrict(bundle: ModelBundle, num_tokens: int) -> ModelBundle:

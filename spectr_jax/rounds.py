@@ -116,11 +116,11 @@ class Traced(NamedTuple):
   eos_ids: jax.Array  # int32 [A] stop tokens (-1: none)
 
 
-def probs(spec: DecodeSpec, logits_XxV, traced: Traced):
+def probs(spec: DecodeSpec, logits_AxV, traced: Traced):
   """Sampling distributions of logits [..., V] under the spec's transforms (float32)."""
   top_p = traced.top_p if spec.use_top_p else None
-  logits_XxV = sharding.replicate_over_model(logits_XxV)
-  return sampling.transform_probs(logits_XxV, traced.temperature, top_k=spec.top_k, top_p=top_p)
+  logits_AxV = sharding.replicate_over_model(logits_AxV)
+  return sampling.transform_probs(logits_AxV, traced.temperature, top_k=spec.top_k, top_p=top_p)
 
 
 def draft(spec, params, cache, state, key_B, traced):

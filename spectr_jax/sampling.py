@@ -21,22 +21,22 @@ def block_shape(vocab: int) -> tuple[int, int]:
   return -(-vocab // block_size), block_size
 
 
-def integer_masses(weights_N: jax.Array, total: jax.Array) -> jax.Array:
+def integer_masses(weights_A: jax.Array, total: jax.Array) -> jax.Array:
   """Quantises non-negative weights to int32 masses: round(w / total * 2^MASS_BITS).
 
   A positive weight keeps mass at least 1 and a zero (or negative, or NaN) weight has mass
   exactly 0, so the support is preserved by construction.
 
   Args:
-    weights_N: weights (any shape), float32 or float64.
-    total: their sum, broadcastable to `weights_N` (at least the largest weight).
+    weights_A: weights (any shape), float32 or float64.
+    total: their sum, broadcastable to `weights_A` (at least the largest weight).
 
   Returns:
-    int32 masses, the shape of `weights_N`; they sum to at most 2^MASS_BITS + 1.5 N.
+    int32 masses, the shape of `weights_A`; they sum to at most 2^MASS_BITS + 1.5 n for n weights.
   """
-  scaled_N = jnp.round(weights_N / total * 2.0**MASS_BITS)
-  mass_N = jnp.clip(scaled_N, 1, 2**MASS_BITS)
-  return jnp.where(weights_N > 0, mass_N, 0).astype(jnp.int32)
+  scaled_A = jnp.round(weights_A / total * 2.0**MASS_BITS)
+  mass_A = jnp.clip(scaled_A, 1, 2**MASS_BITS)
+  return jnp.where(weights_A > 0, mass_A, 0).astype(jnp.int32)
 
 
 def _blocks(weights_V):
@@ -44,8 +44,8 @@ def _blocks(weights_V):
   num_blocks, block_size = block_shape(weights_V.shape[-1])
   weights_V = jnp.where(weights_V > 0, weights_V, 0)
   pad = num_blocks * block_size - weights_V.shape[-1]
-  weights_NBxBS = jnp.pad(weights_V, (0, pad)).reshape(num_blocks, block_size)
-  return weights_NBxBS, jnp.sum(weights_NBxBS, axis=1)
+  weights_VbxVt = jnp.pad(weights_V, (0, pad)).reshape(num_blocks, block_size)
+  return weights_VbxVt, jnp.sum(weights_VbxVt, axis=1)
 
 
 def level_masses(weights_V: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -55,12 +55,12 @@ def level_masses(weights_V: jax.Array) -> tuple[jax.Array, jax.Array]:
     weights_V: non-negative weights.
 
   Returns:
-    (block_masses_NB, token_masses_NBxBS), int32, with (NB, BS) = block_shape(V): the
+    (block_masses_Vb, token_masses_VbxVt), int32, with (Vb, Vt) = block_shape(V): the
     masses the first level draws a block from, and those the second level draws a token
-    from inside each block (token b * BS + j; padding tokens have mass 0).
+    from inside each block (token b * Vt + j; padding tokens have mass 0).
   """
-  weights_NBxBS, sums_NB = _blocks(weights_V)
-  return integer_masses(sums_NB, jnp.sum(sums_NB)), integer_masses(weights_NBxBS, sums_NB[:, None])
+  weights_VbxVt, sums_Vb = _blocks(weights_V)
+  return integer_masses(sums_Vb, jnp.sum(sums_Vb)), integer_masses(weights_VbxVt, sums_Vb[:, None])
 
 
 def _mul_hi(a, b):
@@ -72,11 +72,11 @@ def _mul_hi(a, b):
   return a_hi * b_hi + (hi_lo >> 16) + (lo_hi >> 16) + (mid >> 16)
 
 
-def _draw(bits, masses_N):
+def _draw(bits, masses_A):
   """The index i with C_{i-1} <= floor(bits * C_N / 2^32) < C_i, C the prefix sums."""
-  cum_N = jnp.cumsum(masses_N.astype(jnp.uint32))
-  u = _mul_hi(bits, cum_N[-1])
-  return jnp.minimum(jnp.sum(cum_N <= u), masses_N.shape[-1] - 1).astype(jnp.int32)
+  cum_A = jnp.cumsum(masses_A.astype(jnp.uint32))
+  u = _mul_hi(bits, cum_A[-1])
+  return jnp.minimum(jnp.sum(cum_A <= u), masses_A.shape[-1] - 1).astype(jnp.int32)
 
 
 def categorical_from_bits(bits_2: jax.Array, weights_V: jax.Array) -> jax.Array:
@@ -106,12 +106,12 @@ def categorical_from_bits(bits_2: jax.Array, weights_V: jax.Array) -> jax.Array:
     An int32 index in [0, V).
   """
   vocab = weights_V.shape[-1]
-  weights_NBxBS, sums_NB = _blocks(weights_V)
+  weights_VbxVt, sums_Vb = _blocks(weights_V)
   bits_2 = jnp.asarray(bits_2, jnp.uint32)
-  block = _draw(bits_2[0], integer_masses(sums_NB, jnp.sum(sums_NB)))
-  row_BS = jax.lax.dynamic_index_in_dim(weights_NBxBS, block, keepdims=False)
-  token = _draw(bits_2[1], integer_masses(row_BS, sums_NB[block]))
-  return jnp.minimum(block * weights_NBxBS.shape[1] + token, vocab - 1)
+  block = _draw(bits_2[0], integer_masses(sums_Vb, jnp.sum(sums_Vb)))
+  row_Vt = jax.lax.dynamic_index_in_dim(weights_VbxVt, block, keepdims=False)
+  token = _draw(bits_2[1], integer_masses(row_Vt, sums_Vb[block]))
+  return jnp.minimum(block * weights_VbxVt.shape[1] + token, vocab - 1)
 
 
 def categorical(key: jax.Array, weights_V: jax.Array) -> jax.Array:
@@ -133,14 +133,14 @@ def categorical(key: jax.Array, weights_V: jax.Array) -> jax.Array:
   return categorical_from_bits(jax.random.bits(key, (2,), jnp.uint32), weights_V)
 
 
-def transform_probs(logits_XxV, temperature, *, top_k=None, top_p=None):
+def transform_probs(logits_AxV, temperature, *, top_k=None, top_p=None):
   """Logits -> the sampling distribution after temperature, top-k and top-p.
 
   The same transform is applied to draft and target logits, so speculative decoding is
   exact with respect to the *transformed* target distribution.
 
   Args:
-    logits_XxV: float logits (any leading shape).
+    logits_AxV: float logits (any leading shape).
     temperature: scalar >= 0 (may be traced); 0 is greedy: one-hot on the argmax.
     top_k: static int or None: keep the k largest logits (ties at the k-th kept).
     top_p: scalar in (0, 1] (may be traced) or None: keep the smallest set of most likely
@@ -148,42 +148,42 @@ def transform_probs(logits_XxV, temperature, *, top_k=None, top_p=None):
       every token as likely as the least likely kept one is kept too (ties).
 
   Returns:
-    probs_XxV, float32, rows summing to 1.
+    probs_AxV, float32, rows summing to 1.
   """
-  logits_XxV = logits_XxV.astype(jnp.float32)
+  logits_AxV = logits_AxV.astype(jnp.float32)
   temperature = jnp.asarray(temperature, jnp.float32)
   # One branch runs (a select of both only under a vmap over temperature): sampling
   # never pays the argmax pass and the one-hot select over V, greedy decoding no softmax.
   return jax.lax.cond(
     temperature <= 0,
-    lambda x_XxV: jax.nn.one_hot(jnp.argmax(x_XxV, axis=-1), x_XxV.shape[-1]),
+    lambda x_AxV: jax.nn.one_hot(jnp.argmax(x_AxV, axis=-1), x_AxV.shape[-1]),
     functools.partial(_sampling_probs, temperature=temperature, top_k=top_k, top_p=top_p),
-    logits_XxV,
+    logits_AxV,
   )
 
 
-def _sampling_probs(logits_XxV, *, temperature, top_k, top_p):
+def _sampling_probs(logits_AxV, *, temperature, top_k, top_p):
   """`transform_probs` for temperature > 0."""
-  if top_k is not None and top_k < logits_XxV.shape[-1]:
-    kth_Xx1 = jax.lax.top_k(logits_XxV, top_k)[0][..., -1:]
-    logits_XxV = jnp.where(logits_XxV >= kth_Xx1, logits_XxV, -jnp.inf)
-  probs_XxV = jax.nn.softmax(logits_XxV / temperature, axis=-1)
+  if top_k is not None and top_k < logits_AxV.shape[-1]:
+    kth_Ax1 = jax.lax.top_k(logits_AxV, top_k)[0][..., -1:]
+    logits_AxV = jnp.where(logits_AxV >= kth_Ax1, logits_AxV, -jnp.inf)
+  probs_AxV = jax.nn.softmax(logits_AxV / temperature, axis=-1)
   if top_p is not None:
-    sorted_XxV = -jnp.sort(-probs_XxV, axis=-1)
+    sorted_AxV = -jnp.sort(-probs_AxV, axis=-1)
     # The smallest kept probability is the one at the first rank where the sorted mass
     # reaches top_p (the last rank if rounding never gets there). Only the first crossing
     # counts, so a float cumsum that is not monotone cannot grow the set, and keeping every
     # token at least that likely makes it a set of most likely tokens, ties included.
-    reached_XxV = jnp.cumsum(sorted_XxV, axis=-1) >= jnp.asarray(top_p, jnp.float32)
-    first_Xx1 = jnp.argmax(reached_XxV, axis=-1, keepdims=True)
-    any_Xx1 = jnp.any(reached_XxV, axis=-1, keepdims=True)
-    last_Xx1 = jnp.where(any_Xx1, first_Xx1, probs_XxV.shape[-1] - 1)
-    floor_Xx1 = jnp.take_along_axis(sorted_XxV, last_Xx1, axis=-1)
-    probs_XxV = jnp.where(probs_XxV >= floor_Xx1, probs_XxV, 0.0)
-    probs_XxV = probs_XxV / jnp.sum(probs_XxV, axis=-1, keepdims=True)
-  return probs_XxV
+    reached_AxV = jnp.cumsum(sorted_AxV, axis=-1) >= jnp.asarray(top_p, jnp.float32)
+    first_Ax1 = jnp.argmax(reached_AxV, axis=-1, keepdims=True)
+    any_Ax1 = jnp.any(reached_AxV, axis=-1, keepdims=True)
+    last_Ax1 = jnp.where(any_Ax1, first_Ax1, probs_AxV.shape[-1] - 1)
+    floor_Ax1 = jnp.take_along_axis(sorted_AxV, last_Ax1, axis=-1)
+    probs_AxV = jnp.where(probs_AxV >= floor_Ax1, probs_AxV, 0.0)
+    probs_AxV = probs_AxV / jnp.sum(probs_AxV, axis=-1, keepdims=True)
+  return probs_AxV
 
 
-def nonfinite_rows(logits_BxXxV: jax.Array) -> jax.Array:
+def nonfinite_rows(logits_BxAxV: jax.Array) -> jax.Array:
   """Rows with a non-finite logit anywhere: bool [B] (any shape after the row axis)."""
-  return ~jnp.all(jnp.isfinite(logits_BxXxV), axis=tuple(range(1, logits_BxXxV.ndim)))
+  return ~jnp.all(jnp.isfinite(logits_BxAxV), axis=tuple(range(1, logits_BxAxV.ndim)))

@@ -1,10 +1,10 @@
 """Float64 numpy reference of the OT-optimal multi-draft verifier (docs/OPTIMAL_VERIFIER.md).
 
 A test oracle: sequential and straightforward, it states the construction that
-`spectr_jax/optimal.py` vectorises, and tests/test_optimal.py checks the JAX verifier
+`spectr_jax/optimal/` vectorises, and tests/test_optimal.py checks the JAX verifier
 against it (nothing in spectr_jax imports it). Its prefix sums are numpy's sequential
 float64 sums, monotone for nonnegative masses. Notation (slots, P, u, Q, h, levels,
-groups) as in `optimal.py`. Fast enough for V = 256k with a few hundred cuts: the hull is
+groups) as in `spectr_jax.optimal`. Fast enough for V = 256k with a few hundred cuts: the hull is
 one pass over Python floats and breakpoints of level 0 are merged in bulk.
 
 - `reference_plan(p, q, k)`: slot order, (Q, h) lower hull, kinetic levels (all interior

@@ -69,7 +69,7 @@ def test_trajectories_hold_the_models_distributions(pair):
   np.testing.assert_allclose(np.asarray(traj.q_BxTxV).sum(-1), 1.0, atol=1e-5)
   for b in range(3):
     n = prompts.lengths_B[b]
-    np.testing.assert_array_equal(tokens[b, :n], prompts.tokens_BxT[b, :n])
+    np.testing.assert_array_equal(tokens[b, :n], prompts.tokens_BxP[b, :n])
     # Before sample t (at position n + t), each model's law after the n + t tokens before it.
     for model, probs in ((pair.target, traj.q_BxTxV), (pair.draft, traj.p_BxTxV)):
       causal = analysis.next_token_probs(model, jnp.asarray(tokens[b : b + 1]), 1.0)[0]

@@ -201,12 +201,12 @@ def test_train_batches_depend_only_on_seed_and_step(dataset):
 def test_prompts_are_deterministic_heldout_prefixes(dataset):
   prompts = data.make_prompts(dataset.heldout, num_prompts=16, prompt_len=6, seed=1)
   again = data.make_prompts(dataset.heldout, num_prompts=16, prompt_len=6, seed=1)
-  np.testing.assert_array_equal(prompts.tokens_BxT, again.tokens_BxT)
+  np.testing.assert_array_equal(prompts.tokens_BxP, again.tokens_BxP)
   other = data.make_prompts(dataset.heldout, num_prompts=16, prompt_len=6, seed=2)
-  assert not np.array_equal(prompts.tokens_BxT, other.tokens_BxT)
-  assert prompts.tokens_BxT.shape == (16, 7) and prompts.tokens_BxT.dtype == np.int32
+  assert not np.array_equal(prompts.tokens_BxP, other.tokens_BxP)
+  assert prompts.tokens_BxP.shape == (16, 7) and prompts.tokens_BxP.dtype == np.int32
   for row, length, index in zip(
-    prompts.tokens_BxT, prompts.lengths_B, prompts.sentence_index_B, strict=True
+    prompts.tokens_BxP, prompts.lengths_B, prompts.sentence_index_B, strict=True
   ):
     sentence = dataset.heldout.sentence(index)
     assert row[0] == data.BOS_ID and length == 1 + min(6, len(sentence))

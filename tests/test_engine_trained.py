@@ -51,7 +51,7 @@ def pair(tmp_path_factory):
   target = _trained(target_config, target_dir, cache, "draft-tiny")
   heldout = runs.dataset_for(target_dir).heldout
   prompts = data.make_prompts(heldout, NUM_PROMPTS, 6, seed=0)
-  return draft, target, jnp.asarray(prompts.tokens_BxT), jnp.asarray(prompts.lengths_B)
+  return draft, target, jnp.asarray(prompts.tokens_BxP), jnp.asarray(prompts.lengths_B)
 
 
 def _row_logprob(target, prompts, lengths, tokens):

@@ -1,4 +1,4 @@
-"""Exactness and optimality of the OT-optimal verifier (spectr_jax/optimal.py).
+"""Exactness and optimality of the OT-optimal verifier (spectr_jax/optimal/).
 
 - Exact enumeration of every draft tuple (V = 2..5, k = 1..4, random and edge-case pairs):
   the law of the selected draft equals r, the output law equals q and the hit probability
@@ -22,6 +22,9 @@ import numpy as np
 import pytest
 
 from spectr_jax import acceptance, optimal
+from spectr_jax.optimal import apply as opt_apply
+from spectr_jax.optimal import plan as opt_plan
+from spectr_jax.optimal import slots as opt_slots
 from tests import optimal_reference as ref
 from tests import stats
 
@@ -196,10 +199,10 @@ def test_merged_slots_stay_exact(monkeypatch):
   merge into 5 slots: the law of Z is r and the output law is q (exact enumeration),
   bound >= alpha* and shortfall = bound - accept; taking r as if every token were its
   own slot (the unmerged plan's r) with the merged slots breaks the output law."""
-  monkeypatch.setattr(optimal, "_OCTAVES", 1)
-  monkeypatch.setattr(optimal, "_BUCKETS_PER_OCTAVE", 1)
+  monkeypatch.setattr(opt_slots, "_OCTAVES", 1)
+  monkeypatch.setattr(opt_slots, "_BUCKETS_PER_OCTAVE", 1)
   rng = np.random.default_rng(5)
-  plan_fn = jax.jit(lambda p, q, m: optimal._plan_single(p, q, 3, m, 3), static_argnums=2)
+  plan_fn = jax.jit(lambda p, q, m: opt_plan._plan_single(p, q, 3, m, 3), static_argnums=2)
   broken_checked = 0
   with jax.enable_x64(True):
     for conc in (0.5, 1.0, 3.0):
@@ -243,13 +246,13 @@ def test_selection_law_api_vmap_and_traced_k():
 def _draw(key, p_V, n, k):
   """n x k i.i.d. drafts from p by inverse CDF."""
   cdf_V = jnp.cumsum(p_V)
-  u_NxK = jax.random.uniform(key, (n, k)) * cdf_V[-1]
+  u_BxK = jax.random.uniform(key, (n, k)) * cdf_V[-1]
   last = p_V.shape[0] - 1 - jnp.argmax(p_V[::-1] > 0)
-  return jnp.minimum(jnp.searchsorted(cdf_V, u_NxK, side="right"), last).astype(jnp.int32)
+  return jnp.minimum(jnp.searchsorted(cdf_V, u_BxK, side="right"), last).astype(jnp.int32)
 
 
-_apply_N = jax.jit(jax.vmap(optimal._apply_plan, in_axes=(0, 0, None, None, None)))
-_optimal_N = jax.jit(
+_apply_B = jax.jit(jax.vmap(opt_apply._apply_plan, in_axes=(0, 0, None, None, None)))
+_optimal_B = jax.jit(
   jax.vmap(
     lambda key, drafts_K, p_V, q_V, valid_K: optimal.optimal(
       key, drafts_K, p_V, q_V, valid_K=valid_K
@@ -259,13 +262,13 @@ _optimal_N = jax.jit(
 )
 
 
-def _run(plan, q_V, drafts_NxK, key, valid_K=None):
+def _run(plan, q_V, drafts_BxK, key, valid_K=None):
   """(tokens, accepted, hit) of the verifier's random part on n draft tuples."""
-  n, k = drafts_NxK.shape
+  n, k = drafts_BxK.shape
   valid_K = jnp.ones((k,), bool) if valid_K is None else valid_K
-  tokens_N, accepted_N = _apply_N(jax.random.split(key, n), drafts_NxK, valid_K, q_V, plan)
-  hit_N = jnp.any((drafts_NxK == tokens_N[:, None]) & valid_K, axis=1)
-  return np.asarray(tokens_N), np.asarray(accepted_N), np.asarray(hit_N)
+  tokens_B, accepted_B = _apply_B(jax.random.split(key, n), drafts_BxK, valid_K, q_V, plan)
+  hit_B = jnp.any((drafts_BxK == tokens_B[:, None]) & valid_K, axis=1)
+  return np.asarray(tokens_B), np.asarray(accepted_B), np.asarray(hit_B)
 
 
 def _binned(tokens, q_V, num_bins):
@@ -275,15 +278,15 @@ def _binned(tokens, q_V, num_bins):
 
 def _check_monte_carlo(p_V, q_V, k, num_cuts, n, num_bins, what, seed):
   draft_key, verify_key, fallback_key = jax.random.split(jax.random.key(seed), 3)
-  drafts_NxK = _draw(draft_key, p_V, n, k)
+  drafts_BxK = _draw(draft_key, p_V, n, k)
   plan = optimal.optimal_plan(p_V, q_V, k, num_cuts=num_cuts)
-  tokens, accepted, hit = _run(plan, q_V, drafts_NxK, verify_key)
+  tokens, accepted, hit = _run(plan, q_V, drafts_BxK, verify_key)
   stats.assert_law(*_binned(tokens, q_V, num_bins), what)
   stats.assert_mean(accepted, float(plan.accept), f"{what}: acceptance")
   # Broken: select with no interior cuts, but accept against the full construction's r.
   blunt = optimal.optimal_plan(p_V, q_V, k, num_cuts=0)
   broken = blunt._replace(r_V=plan.r_V)
-  tokens_b, _, _ = _run(broken, q_V, drafts_NxK, verify_key)
+  tokens_b, _, _ = _run(broken, q_V, drafts_BxK, verify_key)
   stats.assert_rejects(*_binned(tokens_b, q_V, num_bins), f"{what}: r from the wrong levels")
   # Broken: on rejection sample q itself instead of the residual.
   fallback = np.asarray(_draw(fallback_key, q_V, n, 1)[:, 0])
@@ -326,14 +329,14 @@ def test_one_valid_draft_is_speculative_sampling(vocab):
   q_V = jax.nn.softmax(jnp.asarray(2 * (0.8 * z + 0.6 * rng.standard_normal(vocab)), jnp.float32))
   n, num_bins = 200_000, min(vocab, 100)
   draft_key, verify_key, fallback_key = jax.random.split(jax.random.key(vocab), 3)
-  drafts_NxK = _draw(draft_key, p_V, n, 4)
+  drafts_BxK = _draw(draft_key, p_V, n, 4)
   valid_K = jnp.array([False, False, True, False])
-  keys_N = jax.random.split(verify_key, n)
-  tokens, accepted = (np.asarray(x) for x in _optimal_N(keys_N, drafts_NxK, p_V, q_V, valid_K))
+  keys_B = jax.random.split(verify_key, n)
+  tokens, accepted = (np.asarray(x) for x in _optimal_B(keys_B, drafts_BxK, p_V, q_V, valid_K))
   what = f"V={vocab} k=1"
   stats.assert_law(*_binned(tokens, q_V, num_bins), what)
   stats.assert_mean(accepted, float(jnp.minimum(p_V, q_V).sum()), f"{what}: acceptance")
-  assert np.all(tokens[accepted] == np.asarray(drafts_NxK[:, 2])[accepted])
+  assert np.all(tokens[accepted] == np.asarray(drafts_BxK[:, 2])[accepted])
   fallback = np.asarray(_draw(fallback_key, q_V, n, 1)[:, 0])
   tokens_q = np.where(accepted, tokens, fallback)
   stats.assert_rejects(*_binned(tokens_q, q_V, num_bins), f"{what}: residual = q")
@@ -346,25 +349,25 @@ def test_select_draft_builds_the_plan_only_for_two_or_more():
   rng = np.random.default_rng(8)
   p, q = _pair(rng, 50, 0.7)
   p_V, q_V = jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
-  drafts_NxK = _draw(jax.random.key(2), p_V, 6, 4)
+  drafts_BxK = _draw(jax.random.key(2), p_V, 6, 4)
   masks = [[1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1], [1, 1, 0, 1]]
-  valid_NxK = jnp.asarray(masks, bool)
-  u_Nx2 = jax.random.uniform(jax.random.key(3), (6, 2))
-  index_N, r_NxV = jax.jit(
+  valid_BxK = jnp.asarray(masks, bool)
+  u_Bx2 = jax.random.uniform(jax.random.key(3), (6, 2))
+  index_B, r_BxV = jax.jit(
     jax.vmap(lambda u, d, v: optimal.select_draft(u[0], u[1], d, v, p_V, q_V, max_k=4))
-  )(u_Nx2, drafts_NxK, valid_NxK)
+  )(u_Bx2, drafts_BxK, valid_BxK)
   for n, mask in enumerate(masks):
     k = sum(mask)
     if k >= 2:
       plan = optimal.optimal_plan(p_V, q_V, k, max_k=4)
-      expected = optimal.select(u_Nx2[n, 0], u_Nx2[n, 1], drafts_NxK[n], valid_NxK[n], plan)
-      assert int(index_N[n]) == int(expected)
-      np.testing.assert_array_equal(r_NxV[n], plan.r_V)
+      expected = optimal.select(u_Bx2[n, 0], u_Bx2[n, 1], drafts_BxK[n], valid_BxK[n], plan)
+      assert int(index_B[n]) == int(expected)
+      np.testing.assert_array_equal(r_BxV[n], plan.r_V)
     elif k == 1:
-      assert int(index_N[n]) == mask.index(1)
-      np.testing.assert_array_equal(r_NxV[n], p_V)
+      assert int(index_B[n]) == mask.index(1)
+      np.testing.assert_array_equal(r_BxV[n], p_V)
     else:
-      assert not np.any(np.asarray(r_NxV[n]))
+      assert not np.any(np.asarray(r_BxV[n]))
 
 
 def test_public_verifier_masks_and_matches_its_plan():
@@ -373,22 +376,22 @@ def test_public_verifier_masks_and_matches_its_plan():
   p, q = _pair(rng, 10, 0.7)
   p_V, q_V = jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
   n = 50_000
-  drafts_NxK = _draw(jax.random.key(0), p_V, n, 4)
-  keys_N = jax.random.split(jax.random.key(1), n)
+  drafts_BxK = _draw(jax.random.key(0), p_V, n, 4)
+  keys_B = jax.random.split(jax.random.key(1), n)
   for mask in ([True, False, True, True], [False] * 4):
     valid_K = jnp.array(mask)
-    tokens, accepted = _optimal_N(keys_N, drafts_NxK, p_V, q_V, valid_K)
+    tokens, accepted = _optimal_B(keys_B, drafts_BxK, p_V, q_V, valid_K)
     assert tokens.dtype == jnp.int32 and accepted.dtype == jnp.bool_
     plan = optimal.optimal_plan(p_V, q_V, sum(mask), max_k=4)
-    expected = _apply_N(keys_N, drafts_NxK, valid_K, q_V, plan)
+    expected = _apply_B(keys_B, drafts_BxK, valid_K, q_V, plan)
     np.testing.assert_array_equal(tokens, expected[0])
     np.testing.assert_array_equal(accepted, expected[1])
     tokens, accepted = np.asarray(tokens), np.asarray(accepted)
     stats.assert_law(np.bincount(tokens, minlength=10), q / q.sum(), f"mask {mask}")
     if any(mask):
       stats.assert_mean(accepted, float(plan.accept), f"mask {mask}: acceptance")
-      masked_out = np.asarray(drafts_NxK[:, 1])
-      others = np.asarray(drafts_NxK[:, [0, 2, 3]])
+      masked_out = np.asarray(drafts_BxK[:, 1])
+      others = np.asarray(drafts_BxK[:, [0, 2, 3]])
       only_masked = accepted & (tokens == masked_out) & ~(others == tokens[:, None]).any(1)
       assert not only_masked.any(), "accepted a masked draft"
     else:
@@ -405,7 +408,9 @@ def test_slot_order_sorts_by_ratio_code_then_index(vocab):
   q[rng.choice(vocab, 20, replace=False)] = 0.0
   q[:50] = p[:50]  # exact ratio ties
   p, q = p / p.sum(), q / q.sum()
-  order = np.asarray(optimal._slot_order(jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)))
+  order = np.asarray(
+    opt_slots._slot_order(jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32))
+  )
   assert sorted(order) == list(range(vocab))
   p, q = p[order].astype(np.float32), q[order].astype(np.float32)
   group = np.where(p > 0, np.where(q > 0, 0, 1), 2)
@@ -470,9 +475,9 @@ def test_plan_matches_float64_reference_at_llm_sizes(vocab):
 
 
 def _stepped_sums(cls, x_VxC):
-  """Broken `_Sums.of`: plain blocked float prefix sums with every other 128-block one
+  """Broken `Sums.of`: plain blocked float prefix sums with every other 128-block one
   unit in the last place low, so that they step down at block boundaries."""
-  sums = optimal._cumsum(x_VxC)
+  sums = opt_slots.cumsum(x_VxC)
   low = (jnp.arange(x_VxC.shape[0])[:, None] // 128) % 2 == 1
   sums = jnp.where(low, jnp.nextafter(sums, -jnp.inf), sums)
   zero = jnp.zeros((1, x_VxC.shape[1]), x_VxC.dtype)
@@ -483,7 +488,7 @@ def _stepped_sums(cls, x_VxC):
 
 def test_non_monotone_prefix_sums_are_caught(monkeypatch):
   p_V, q_V = _llm_pair(0, 32000)
-  monkeypatch.setattr(optimal._Sums, "of", classmethod(_stepped_sums))
-  plan = jax.jit(lambda p, q: optimal._plan_single(p, q, 8, optimal.DEFAULT_NUM_CUTS, 8))(p_V, q_V)
+  monkeypatch.setattr(opt_slots.Sums, "of", classmethod(_stepped_sums))
+  plan = jax.jit(lambda p, q: opt_plan._plan_single(p, q, 8, optimal.DEFAULT_NUM_CUTS, 8))(p_V, q_V)
   with pytest.raises(AssertionError, match="accept"):
     _check_plan_against_reference(plan, p_V, q_V, 8, "stepped sums")

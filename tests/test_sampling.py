@@ -39,26 +39,26 @@ def _vectors(vocab: int) -> dict:
   }
 
 
-def _words(masses_N):
+def _words(masses_A):
   """Per index, the number of 32-bit words the map sends to it, along the last axis."""
-  cum_N = np.cumsum(masses_N, axis=-1, dtype=np.int64)
-  total = cum_N[..., -1:]
-  first_N = -(-(cum_N << 32) // np.maximum(total, 1))  # ceil(C_i 2^32 / N)
-  words_N = np.diff(first_N, prepend=0, axis=-1)
-  return np.where(total > 0, words_N, 0)
+  cum_A = np.cumsum(masses_A, axis=-1, dtype=np.int64)
+  total = cum_A[..., -1:]
+  first_A = -(-(cum_A << 32) // np.maximum(total, 1))  # ceil(C_i 2^32 / N)
+  words_A = np.diff(first_A, prepend=0, axis=-1)
+  return np.where(total > 0, words_A, 0)
 
 
-def _law(block_NB, token_NBxBS, vocab):
+def _law(block_Vb, token_VbxVt, vocab):
   """The exact law over [0, vocab) implied by the masses of both levels."""
-  block_NB = _words(block_NB) / 2.0**32  # exact: counts below 2^33 in float64
-  law_NBxBS = block_NB[:, None] * (_words(token_NBxBS) / 2.0**32)  # one rounding, 0 exact
-  assert law_NBxBS.ravel()[vocab:].sum() == 0, "padding has mass"
-  return law_NBxBS.ravel()[:vocab]
+  block_Vb = _words(block_Vb) / 2.0**32  # exact: counts below 2^33 in float64
+  law_VbxVt = block_Vb[:, None] * (_words(token_VbxVt) / 2.0**32)  # one rounding, 0 exact
+  assert law_VbxVt.ravel()[vocab:].sum() == 0, "padding has mass"
+  return law_VbxVt.ravel()[:vocab]
 
 
 def _exact_law(weights_V):
-  block_NB, token_NBxBS = sampling.level_masses(jnp.asarray(weights_V))
-  return _law(np.asarray(block_NB), np.asarray(token_NBxBS), len(weights_V))
+  block_Vb, token_VbxVt = sampling.level_masses(jnp.asarray(weights_V))
+  return _law(np.asarray(block_Vb), np.asarray(token_VbxVt), len(weights_V))
 
 
 def _tv(law_V, weights_V):
@@ -86,23 +86,23 @@ def _no_floor_law(weights_V):
   num_blocks, block_size = sampling.block_shape(len(weights_V))
   w = np.zeros(num_blocks * block_size)
   w[: len(weights_V)] = weights_V
-  w_NBxBS = w.reshape(num_blocks, block_size)
-  sums_NB = w_NBxBS.sum(axis=1)
-  block_NB = np.round(sums_NB / sums_NB.sum() * 2.0**30).astype(np.int64)
-  token_NBxBS = np.round(w_NBxBS / np.maximum(sums_NB, 1e-300)[:, None] * 2.0**30)
-  return _law(block_NB, token_NBxBS.astype(np.int64), len(weights_V))
+  w_VbxVt = w.reshape(num_blocks, block_size)
+  sums_Vb = w_VbxVt.sum(axis=1)
+  block_Vb = np.round(sums_Vb / sums_Vb.sum() * 2.0**30).astype(np.int64)
+  token_VbxVt = np.round(w_VbxVt / np.maximum(sums_Vb, 1e-300)[:, None] * 2.0**30)
+  return _law(block_Vb, token_VbxVt.astype(np.int64), len(weights_V))
 
 
-def _numpy_index(bits_Nx2, weights_V):
+def _numpy_index(bits_Bx2, weights_V):
   """A numpy reimplementation of `categorical_from_bits` from the level masses."""
-  block_NB, token_NBxBS = (np.asarray(m, np.uint64) for m in sampling.level_masses(weights_V))
-  bits_Nx2 = np.asarray(bits_Nx2, np.uint64)
-  cum_NB = np.cumsum(block_NB)
-  block_N = np.searchsorted(cum_NB, (bits_Nx2[:, 0] * cum_NB[-1]) >> 32, side="right")
-  cum_NxBS = np.cumsum(token_NBxBS, axis=1)[block_N]
-  u_N = (bits_Nx2[:, 1] * cum_NxBS[:, -1]) >> 32
-  token_N = np.sum(cum_NxBS <= u_N[:, None], axis=1)
-  return block_N * token_NBxBS.shape[1] + token_N
+  block_Vb, token_VbxVt = (np.asarray(m, np.uint64) for m in sampling.level_masses(weights_V))
+  bits_Bx2 = np.asarray(bits_Bx2, np.uint64)
+  cum_Vb = np.cumsum(block_Vb)
+  block_B = np.searchsorted(cum_Vb, (bits_Bx2[:, 0] * cum_Vb[-1]) >> 32, side="right")
+  cum_BxVt = np.cumsum(token_VbxVt, axis=1)[block_B]
+  u_B = (bits_Bx2[:, 1] * cum_BxVt[:, -1]) >> 32
+  token_B = np.sum(cum_BxVt <= u_B[:, None], axis=1)
+  return block_B * token_VbxVt.shape[1] + token_B
 
 
 _from_bits = jax.jit(jax.vmap(sampling.categorical_from_bits, (0, None)))
@@ -151,19 +151,19 @@ def test_old_float32_inverse_cdf_is_rejected(vocab):
 
 @pytest.mark.parametrize("vocab", [1000, 32_000])
 def test_map_agrees_with_numpy_reimplementation(vocab):
-  bits_Nx2 = np.random.default_rng(1).integers(0, 2**32, size=(20_000, 2), dtype=np.uint32)
+  bits_Bx2 = np.random.default_rng(1).integers(0, 2**32, size=(20_000, 2), dtype=np.uint32)
   for name, weights_V in _vectors(vocab).items():
     weights_V = jnp.asarray(weights_V)
-    got = np.asarray(_from_bits(jnp.asarray(bits_Nx2), weights_V))
-    np.testing.assert_array_equal(got, _numpy_index(bits_Nx2, weights_V), err_msg=name)
+    got = np.asarray(_from_bits(jnp.asarray(bits_Bx2), weights_V))
+    np.testing.assert_array_equal(got, _numpy_index(bits_Bx2, weights_V), err_msg=name)
 
 
-def _boundary_words(masses_N):
+def _boundary_words(masses_A):
   """(first, last) word of each index of positive mass, and those indices."""
-  cum_N = np.cumsum(masses_N, dtype=np.int64)
-  first_N1 = -(-(np.concatenate([[0], cum_N]) << 32) // cum_N[-1])
-  positive = np.flatnonzero(masses_N > 0)
-  return first_N1[positive], first_N1[positive + 1] - 1, positive
+  cum_A = np.cumsum(masses_A, dtype=np.int64)
+  first_A1 = -(-(np.concatenate([[0], cum_A]) << 32) // cum_A[-1])
+  positive = np.flatnonzero(masses_A > 0)
+  return first_A1[positive], first_A1[positive + 1] - 1, positive
 
 
 def _small_cases():
@@ -175,11 +175,11 @@ def _small_cases():
 @pytest.mark.parametrize("name,weights_V", list(_small_cases()))
 def test_every_boundary_word_maps_as_derived(name, weights_V):
   """The first and last word of every block and token land on it: the whole map."""
-  block_NB, token_NBxBS = (np.asarray(m) for m in sampling.level_masses(jnp.asarray(weights_V)))
-  block_size = token_NBxBS.shape[1]
+  block_Vb, token_VbxVt = (np.asarray(m) for m in sampling.level_masses(jnp.asarray(weights_V)))
+  block_size = token_VbxVt.shape[1]
   pairs, expected = [], []
-  for lo1, hi1, block in zip(*_boundary_words(block_NB), strict=True):
-    for lo2, hi2, token in zip(*_boundary_words(token_NBxBS[block]), strict=True):
+  for lo1, hi1, block in zip(*_boundary_words(block_Vb), strict=True):
+    for lo2, hi2, token in zip(*_boundary_words(token_VbxVt[block]), strict=True):
       pairs += [(lo1, lo2), (lo1, hi2), (hi1, lo2), (hi1, hi2)]
       expected += [block * block_size + token] * 4
   got = _from_bits(jnp.asarray(np.array(pairs, np.uint32)), jnp.asarray(weights_V))
@@ -246,8 +246,8 @@ def test_float64_weights():
 def test_degenerate_weights_stay_in_support(weights, support):
   weights_V = jnp.asarray(weights, jnp.float32)
   corners = np.array([[0, 0], [0, 2**32 - 1], [2**32 - 1, 0], [2**32 - 1, 2**32 - 1]])
-  bits_Nx2 = np.concatenate([corners, np.random.default_rng(5).integers(0, 2**32, (1000, 2))])
-  got = np.asarray(_from_bits(jnp.asarray(bits_Nx2, jnp.uint32), weights_V))
+  bits_Bx2 = np.concatenate([corners, np.random.default_rng(5).integers(0, 2**32, (1000, 2))])
+  got = np.asarray(_from_bits(jnp.asarray(bits_Bx2, jnp.uint32), weights_V))
   assert set(got.tolist()) <= set(support)
   if len(support) == 2:  # two equal tiny weights: half the words each
     np.testing.assert_allclose(_exact_law(np.asarray(weights_V)), [0.5, 0, 0.5], atol=1e-9)

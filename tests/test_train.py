@@ -232,7 +232,7 @@ def test_trajectories_keep_prompts_and_match_greedy_reference(target_run):
   prompts = data.make_prompts(dataset.heldout, num_prompts=3, prompt_len=5, seed=0)
   lengths = prompts.lengths_B.copy()
   lengths[1] = 3
-  tokens = prompts.tokens_BxT.copy()
+  tokens = prompts.tokens_BxP.copy()
   tokens[1, 3:] = data.PAD_ID
   prompts = data.Prompts(tokens, lengths, prompts.sentence_index_B)
   traj = analysis.collect_trajectories(bundle, bundle, prompts, 4, jax.random.key(0), 0.0)

@@ -14,13 +14,13 @@ class Prompts:
   """Right-padded prompts.
 
   Attributes:
-    tokens_BxT: int32 [B, prompt_len + 1]: BOS, then the first ids of a sentence, then PAD
+    tokens_BxP: int32 [B, prompt_len + 1]: BOS, then the first ids of a sentence, then PAD
       ([B, prompt_len] without BOS, for tokenizers that have none).
     lengths_B: int32 [B]: tokens of each prompt, BOS included.
     sentence_index_B: int64 [B]: which held-out sentence each prompt starts.
   """
 
-  tokens_BxT: np.ndarray
+  tokens_BxP: np.ndarray
   lengths_B: np.ndarray
   sentence_index_B: np.ndarray
 
@@ -62,4 +62,4 @@ def make_prompts(
     ids = heldout.sentence(int(i))[:prompt_len]
     tokens[b, start : start + len(ids)] = ids
     lengths[b] = start + len(ids)
-  return Prompts(tokens_BxT=tokens, lengths_B=lengths, sentence_index_B=chosen.astype(np.int64))
+  return Prompts(tokens_BxP=tokens, lengths_B=lengths, sentence_index_B=chosen.astype(np.int64))
