@@ -344,9 +344,9 @@ def test_public_rrs_and_verify_block_checks():
 # Sequences: the scheme's drafts through verify_block, completed by exact target draws.
 
 
-def _sample_blocks(p_tab, q_tab, num_drafts, draft_len, n=N, seed=3):
-  """`verify_block(method="rrs")` on drafts of the "wor" scheme, each block completed
-  with exact target draws: numpy (codes of the L + 1 tokens, num_tokens)."""
+def _sample_blocks(p_tab, q_tab, num_drafts, draft_len, n=N, seed=3, method="rrs"):
+  """`verify_block` on drafts of the "wor" scheme, each block completed with exact target
+  draws: numpy (codes of the L + 1 tokens, num_tokens)."""
   vocab = p_tab.shape[-1]
   out = _draft(p_tab, num_drafts, draft_len, n, seed)
   q_j = _f32(q_tab)
@@ -360,7 +360,7 @@ def _sample_blocks(p_tab, q_tab, num_drafts, draft_len, n=N, seed=3):
       if t < draft_len:
         code_K = code_K * vocab + drafts_KxL[:, t]
     tokens_L1, num = verify.verify_block(
-      verify_key, drafts_KxL, p_KxLxV, jnp.stack(qs, 1), method="rrs"
+      verify_key, drafts_KxL, p_KxLxV, jnp.stack(qs, 1), method=method
     )
     code = jnp.int32(0)
     for t in range(draft_len + 1):
@@ -422,6 +422,16 @@ def test_block_sequence_law_and_length(draft_len, sparse):
   if draft_len == 2 and not sparse:
     expected = _expected_num_tokens(p_tab, q_tab, 3, draft_len)
     stats.assert_mean(nums, expected, f"{what} num_tokens")
+
+
+def test_block_rejects_specinfer_rule_on_drafts_without_replacement():
+  """The same walk with SpecInfer's rule (the draft law not renormalised) is caught; at
+  this root it puts total variation 0.053 on the first token."""
+  p_tab, q_tab = _tree(4, 3, 2)
+  p_tab[0, 0], q_tab[0, 0] = [0.64, 0.12, 0.24], [0.2, 0.32, 0.48]
+  codes, _ = _sample_blocks(p_tab, q_tab, 2, 2, method="specinfer")
+  law = _sequence_law(q_tab, 2)
+  stats.assert_rejects(np.bincount(codes, minlength=law.size), law, "specinfer on wor blocks")
 
 
 def test_multiset_law_reduces_to_iid_paths_at_one_draft():
