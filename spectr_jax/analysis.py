@@ -162,6 +162,11 @@ def _multi_draft() -> list[methods.Method]:
   return [m for m in methods.METHODS.values() if m.multi_draft and m.acceptance]
 
 
+def _bound_name(scheme: str) -> str:
+  """The `position_metrics` entry of a drafting scheme's bound ("optimal" for i.i.d.)."""
+  return "optimal" if scheme == "iid" else f"optimal:{scheme}"
+
+
 def position_metrics(
   p_XxV: jax.Array, q_XxV: jax.Array, k: int, rhos: Sequence[str | float]
 ) -> dict[str, dict[str, np.ndarray]]:
@@ -177,8 +182,10 @@ def position_metrics(
     {strategy name: arrays [X]} for every multi-draft method of the registry with a
     closed form (methods with a split factor: one strategy per rho, named by
     `results.strategy_name`, with "hit", "p_accept", "deficit", "rho"; the others by
-    method name with "hit"), "single" ({"hit"}: one draft), "optimal" ({"hit"}: the
-    bound alpha* of i.i.d. drafts) and rho*'s split factor under "rho_star" ({"rho"}).
+    method name with "hit" and the closed form's other fields), "single" ({"hit"}: one
+    draft), "optimal" ({"hit"}: the bound alpha* of i.i.d. drafts), "optimal:<scheme>"
+    ({"hit"}: the bound of every other drafting scheme of those methods, e.g.
+    "optimal:wor") and rho*'s split factor under "rho_star" ({"rho"}).
   """
   out = {}
   for method in _multi_draft():
@@ -193,8 +200,9 @@ def position_metrics(
     del out["rho*"]
   single = [m for m in methods.METHODS.values() if m.speculative and m.max_drafts == 1]
   out["single"] = _fields(single[0].acceptance_function()(p_XxV, q_XxV, 1))
-  bound = methods.resolve(methods.DRAFTING["iid"].bound)
-  out["optimal"] = {"hit": np.asarray(bound(p_XxV, q_XxV, k))}
+  for scheme in dict.fromkeys(["iid"] + [m.drafting for m in _multi_draft()]):
+    bound = methods.resolve(methods.DRAFTING[scheme].bound)
+    out[_bound_name(scheme)] = {"hit": np.asarray(bound(p_XxV, q_XxV, k))}
   return out
 
 
@@ -204,25 +212,33 @@ def summarize_metrics(
   """One row per strategy (as `position_metrics` names them, in registry order) from
   `position_metrics`.
 
-  Each row: K, strategy, acceptance (mean hit probability), optimal (mean alpha*), gap
-  (optimal - acceptance), p_accept (mean accept-branch probability), mean_rho, below_star
-  (share of positions where rho < rho*), invalid (share where the residual would be
-  negative), mean_deficit (mean overshoot mass), positions.
+  Each row: K, strategy, acceptance (mean hit probability), optimal (mean bound of the
+  method's drafting scheme: alpha* for i.i.d. drafts), gap (optimal - acceptance),
+  drafting (the scheme), bound (how `methods.DRAFTING` names its bound), p_accept (mean
+  accept-branch probability), mean_rho, below_star (share of positions where rho <
+  rho*), invalid (share where the residual would be negative), mean_deficit (mean
+  overshoot mass), positions.
   """
-  optimal_X = metrics["optimal"]["hit"]
   rho_star_X = metrics["rho_star"]["rho"]
   names = []
   for method in _multi_draft():
-    names += [results.strategy_name(r) for r in rhos] if method.takes_rho else [method.name]
+    names += (
+      [(results.strategy_name(r), method) for r in rhos]
+      if method.takes_rho
+      else [(method.name, method)]
+    )
   rows = []
-  for name in names:
+  for name, method in names:
     m = metrics[name]
+    optimal_X = metrics[_bound_name(method.drafting)]["hit"]
     row = {
       "K": k,
       "strategy": name,
       "acceptance": float(np.mean(m["hit"])),
       "optimal": float(np.mean(optimal_X)),
       "gap": float(np.mean(optimal_X - m["hit"])),
+      "drafting": method.drafting,
+      "bound": methods.DRAFTING[method.drafting].bound_label,
       "positions": int(optimal_X.size),
     }
     if "rho" in m:
@@ -328,6 +344,8 @@ def _run_rho_ablation(config, pair, provenance_config):
     "analysis": dataclasses.asdict(config.analysis),
     "pair": pair.fingerprint,
     "trajectories": "engine",
+    # The rows: which strategies (and the drafting scheme whose bound each row shows).
+    "strategies": [(m.name, m.drafting) for m in _multi_draft()],
   }
   key = hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
   path = config.sweep.results_path / results.ANALYSIS_FILE

@@ -96,6 +96,8 @@ class Drafting:
       (p_XxV, q_XxV, k) -> [X], or "" where none is implemented.
     bound_label: how tables name that bound.
     summary: one line for docs and reports.
+    check: "module:function" that raises a clear error for concrete drafts_KxL this
+      scheme cannot have drawn (`verify.verify_block` runs it), or "".
   """
 
   name: str
@@ -103,6 +105,7 @@ class Drafting:
   bound: str
   bound_label: str
   summary: str
+  check: str = ""
 
 
 DRAFTING: dict[str, Drafting] = {
@@ -114,6 +117,16 @@ DRAFTING: dict[str, Drafting] = {
       bound="spectr_jax.acceptance:optimal_acceptance_X",
       bound_label="optimal alpha*",
       summary="K i.i.d. draft sequences of length L (duplicates are separate chances)",
+    ),
+    Drafting(
+      name="wor",
+      draft="spectr_jax.drafting:without_replacement",
+      bound="spectr_jax.acceptance:wor_bound_X",
+      bound_label="optimal w/o replacement (prefix search)",
+      summary="K paths whose first tokens are drawn without replacement (Gumbel-top-k "
+      "law), each continuing i.i.d. (Jeon et al., arXiv 2402.14160; Hu et al., arXiv "
+      "2502.18779); where fewer than K tokens have mass, the extra paths copy the first",
+      check="spectr_jax.drafting:check_distinct",
     ),
   )
 }
@@ -252,6 +265,19 @@ METHODS: dict[str, Method] = {
       acceptance="spectr_jax.acceptance:optimal_acceptance_X",
       style=":",
       compare_with=("kseq",),
+    ),
+    Method(
+      name="rrs",
+      level="token",
+      verify="spectr_jax.verify:rrs_position",
+      summary="recursive rejection sampling without replacement on drafts without "
+      "replacement (Jeon et al., RSD, arXiv 2402.14160; SPEC section 5)",
+      single="sd",
+      drafting="wor",
+      acceptance="spectr_jax.acceptance:rrs_acceptance_X",
+      label="RRS w/o replacement",
+      style="--",
+      compare_with=("specinfer", "optimal"),
     ),
     Method(
       name="block",

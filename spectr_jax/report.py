@@ -378,12 +378,13 @@ _ANALYSIS_COLUMNS = (
   ("K", "K", "{}"),
   ("strategy", "strategy", "{}"),
   ("acceptance", "acceptance", "{:.4f}"),
-  ("optimal", "optimal alpha*", "{:.4f}"),
+  ("optimal", "bound of its drafts", "{:.4f}"),
   ("gap", "gap", "{:+.4f}"),
   ("mean_rho", "mean rho", "{:.2f}"),
   ("below_star", "rho < rho*", "{:.1%}"),
   ("invalid", "invalid", "{:.1%}"),
   ("mean_deficit", "mean overshoot", "{:.4f}"),
+  ("bound", "bound", "{}"),  # its drafting scheme's bound (alpha* for i.i.d. drafts)
 )
 
 

@@ -8,6 +8,8 @@ Y came from the accept branch:
 - `kseq`: SpecTr's K-SEQ with split factor rho ("star", "k" or a fixed number).
 - `specinfer`: SpecInfer's recursive rejection sampling.
 - `optimal`: the OT-optimal verifier that reaches alpha* (see `spectr_jax.optimal`).
+- `rrs`: recursive rejection sampling without replacement, for K distinct drafts drawn
+  without replacement (`drafting.distinct_tokens`; Jeon et al., RSD, arXiv 2402.14160).
 
 The engine reaches them through the method registry (`spectr_jax.methods`): each is a
 token-level verify function `<name>_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict`
@@ -43,6 +45,8 @@ __all__ = [
   "kseq_position",
   "optimal",
   "rho_star",
+  "rrs",
+  "rrs_position",
   "sd_position",
   "specinfer",
   "specinfer_position",
@@ -112,6 +116,42 @@ def specinfer_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
   y = categorical(residual_key, r_K1xV[jnp.sum(valid_K)])
   token = jnp.where(accepted, drafts_K[jnp.argmax(accept_K)], y)
   return Verdict(token.astype(jnp.int32), accepted)
+
+
+def rrs_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
+  """Recursive rejection without replacement on the valid drafts (token-level verify
+  function; SPEC section 5).
+
+  The drafts are distinct tokens drawn without replacement, in the order drawn (the
+  "wor" scheme). With r_1 = q and p_1 = p: draft X_i is accepted with probability
+  min(1, r_i(X_i) / p_i(X_i)); after a rejection r_{i+1} = norm(max(r_i - p_i, 0)) and
+  p_{i+1} = p_i with X_i removed, renormalised; if all are rejected the output is drawn
+  from the last r. Each stage is single-draft speculative sampling of r_i with a draft
+  from p_i, so the output is q. A valid draft whose p_i is 0 (a token drawn earlier, as
+  the copies of `drafting.distinct_tokens`, or one outside p's support) is skipped: it
+  neither is accepted nor changes r. The walk's later positions see at most one distinct
+  surviving token (the first tokens are distinct), where this is single-draft sampling.
+  Every rejected token gets r = 0 from then on, so the final draw never hits a draft.
+  """
+  accept_key, residual_key = jax.random.split(key)
+  u_K = jax.random.uniform(accept_key, drafts_K.shape)
+
+  def stage(carry, inputs):
+    r_V, left_V, accepted, token = carry
+    x, valid, u = inputs
+    mass = jnp.sum(left_V)
+    p_i_V = left_V / jnp.where(mass > 0, mass, 1.0)
+    px = p_i_V[x]
+    tried = valid & (px > 0) & ~accepted
+    accept = tried & (u < r_V[x] / jnp.where(px > 0, px, 1.0))
+    r_V = jnp.where(tried & ~accept, acceptance.residual(r_V, p_i_V), r_V)
+    left_V = jnp.where(tried, left_V.at[x].set(0.0), left_V)
+    return (r_V, left_V, accepted | accept, jnp.where(accept, x, token)), None
+
+  init = (q_V, p_V, jnp.bool_(False), jnp.int32(0))
+  (r_V, _, accepted, token), _ = jax.lax.scan(stage, init, (drafts_K, valid_K, u_K))
+  y = categorical(residual_key, r_V)
+  return Verdict(jnp.where(accepted, token, y).astype(jnp.int32), accepted)
 
 
 def _position_function(method: str, rho_mode: str, rho_value) -> Callable:
@@ -190,6 +230,23 @@ def specinfer(key, drafts_K, p_V, q_V, *, valid_K=None):
   valid_K = _as_valid(valid_K, drafts_K.shape[0])
   return _verify_position(
     key, drafts_K, p_V, q_V, valid_K, jnp.float32(0.0), method="specinfer", rho_mode="k"
+  )
+
+
+def rrs(key, drafts_K, p_V, q_V, *, valid_K=None):
+  """Recursive rejection sampling without replacement of the valid drafts at one position
+  (see `rrs_position`).
+
+  The drafts must be distinct tokens drawn without replacement from p_V in their order
+  (`drafting.distinct_tokens`); on i.i.d. drafts the output law is not q. A repeated
+  token counts as an invalid draft. The output is distributed as q.
+
+  Args and Returns: as `kseq`, without rho.
+  """
+  _check_position(drafts_K, p_V, q_V)
+  valid_K = _as_valid(valid_K, drafts_K.shape[0])
+  return _verify_position(
+    key, drafts_K, p_V, q_V, valid_K, jnp.float32(0.0), method="rrs", rho_mode="k"
   )
 
 
@@ -326,7 +383,9 @@ def verify_block(
     drafts_KxL: int draft tokens.
     p_KxLxV: draft distributions. q_KxL1xV: target distributions.
     method: a speculative method of the registry (`spectr_jax.methods`): "kseq",
-      "specinfer", "optimal", "gbv", or "sd" / "block" (K = 1).
+      "specinfer", "optimal", "gbv", or "sd" / "block" (K = 1); "rrs" takes drafts of
+      its own scheme (first tokens without replacement, checked where concrete). The
+      drafts must come from the method's drafting scheme (`methods.DRAFTING`).
     rho: K-SEQ split factor: "star", "k" or a number (see `kseq`); ignored by methods
       without one.
     return_stats: also return a `BlockStats`.
@@ -338,6 +397,9 @@ def verify_block(
   checks.shape("drafts_KxL", drafts_KxL, (None, None))
   check_method(method, drafts_KxL.shape[0])
   checks.block("verify_block", drafts_KxL, p_KxLxV, q_KxL1xV)
+  scheme = methods.DRAFTING[methods.get(method).drafting]
+  if scheme.check:
+    methods.resolve(scheme.check)(drafts_KxL)
   rho_mode, rho_value = acceptance.split_rho(rho)
   tokens_L1, num_tokens, stats = _verify_block(
     key,

@@ -47,13 +47,21 @@ def test_position_metrics_agree_with_the_acceptance_module():
     )
     assert metrics["single"]["hit"][i] == pytest.approx(np.minimum(p[i], q[i]).sum(), abs=1e-6)
   assert metrics["optimal"]["hit"][1] == pytest.approx(0.94, abs=1e-6)
+  # Drafts without replacement: RRS beside the bound of its own drafting scheme.
+  wor_bound = acceptance.wor_bound_X(p, q, 2)
+  np.testing.assert_allclose(metrics["optimal:wor"]["hit"], wor_bound, atol=1e-7)
+  np.testing.assert_allclose(metrics["rrs"]["hit"], acceptance.rrs_acceptance_X(p, q, 2).hit)
+  assert np.all(metrics["rrs"]["hit"] <= wor_bound + 1e-6)
 
 
 def test_summary_separates_below_rho_star_from_invalid():
   p, q = _pairs(2, 3)
   metrics = analysis.position_metrics(jnp.asarray(p), jnp.asarray(q), 2, ("star", 1.0))
   rows = {r["strategy"]: r for r in analysis.summarize_metrics(metrics, 2, ("star", 1.0))}
-  assert list(rows) == ["rho*", "rho=1", "specinfer", "optimal"]
+  assert list(rows) == ["rho*", "rho=1", "specinfer", "optimal", "rrs"]
+  assert rows["rrs"]["drafting"] == "wor" and rows["specinfer"]["drafting"] == "iid"
+  assert rows["rrs"]["optimal"] == pytest.approx(float(np.mean(metrics["optimal:wor"]["hit"])))
+  assert rows["specinfer"]["bound"] == "optimal alpha*"
   assert rows["rho=1"]["below_star"] == 1.0  # rho* = 1.5 at both positions ...
   assert rows["rho=1"]["invalid"] == 0.5  # ... but rho = 1 is exact at the first
   assert rows["rho*"]["invalid"] == 0.0 and rows["rho*"]["below_star"] == 0.0
@@ -94,7 +102,7 @@ def test_rho_ablation_runs_and_caches(pair, tmp_path, monkeypatch):
   assert len(records) == len(sweep.seeds)
   rows = result["rows"]
   assert [(r["K"], r["strategy"]) for r in rows] == [
-    (k, s) for k in (2, 4) for s in ("rho*", "rho=K", "rho=1", "specinfer", "optimal")
+    (k, s) for k in (2, 4) for s in ("rho*", "rho=K", "rho=1", "specinfer", "optimal", "rrs")
   ]
   assert result["positions"] == config.analysis.num_prompts * config.analysis.num_tokens
   for row in rows:

@@ -91,6 +91,8 @@ CASES = [
   pytest.param("specinfer", 3, 2, marks=_slow),
   ("optimal", 3, 1),
   pytest.param("optimal", 3, 2, marks=_slow),
+  ("rrs", 2, 1),
+  pytest.param("rrs", 2, 2, marks=_slow),
   ("block", 1, 2),
   pytest.param("gbv", 3, 2, marks=_slow),
   pytest.param("gbv_tp", 3, 2, marks=_slow),
@@ -118,6 +120,17 @@ def test_engine_exact_for_transformed_target(models, temperature, top_k):
   law = _exact_law(target, 4, temperature, top_k)
   what = f"kseq T={temperature} top_k={top_k}"
   stats.assert_law(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, what)
+
+
+@pytest.mark.slow
+def test_engine_rrs_with_fewer_tokens_than_drafts(models):
+  """Top-k = 2 leaves the draft 2 tokens for K = 3 drafts without replacement: the third
+  path copies the first, and the output law stays the (transformed) target's."""
+  draft, target = models
+  out = _generate(draft, target, "rrs", 3, 2, 4, top_k=2)
+  law = _exact_law(target, 4, top_k=2)
+  stats.assert_law(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, "rrs top_k=2")
+  assert _residual_share(out, 2) >= 0.1
 
 
 @pytest.mark.slow
@@ -155,6 +168,7 @@ def test_engine_rejects_broken_rollback(models, monkeypatch):
     ("sd", 1, 2),
     ("block", 1, 3),
     ("gbv", 3, 2),
+    ("rrs", 3, 2),
     pytest.param("gbv_tp", 3, 2, marks=_slow),
   ],
 )

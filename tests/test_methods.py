@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import acceptance, drafting, methods, verify
+from spectr_jax import acceptance, methods, verify
 
 _BELOW_ONE = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
 
@@ -115,8 +115,11 @@ def test_boundary_uniforms_never_emit_a_forbidden_token(forced_randomness, name,
       jax.clear_caches()
 
 
-def test_boundary_words_never_draft_a_zero_probability_token(forced_randomness):
-  """The i.i.d. drafting scheme samples only tokens of positive draft probability."""
+@pytest.mark.parametrize("scheme", sorted(methods.DRAFTING))
+def test_boundary_words_never_draft_a_zero_probability_token(forced_randomness, scheme):
+  """Every drafting scheme samples only tokens of positive draft probability, also with
+  the random words and uniforms forced to their extremes; without replacement, the valid
+  first tokens are distinct and, past the support (2 tokens, K = 3), paths copy path 0."""
   vocab = 5
   logits_V = jnp.asarray([-jnp.inf, 0.0, -jnp.inf, 1.0, -jnp.inf])
 
@@ -126,9 +129,10 @@ def test_boundary_words_never_draft_a_zero_probability_token(forced_randomness):
     return jnp.broadcast_to(logits_V, shape), cache
 
   probs = functools.partial(jax.nn.softmax, axis=-1)
-  for word in (0, 2**32 - 1):
-    forced_randomness(0.0, word)
-    out = drafting.iid(
+  draft = methods.resolve(methods.DRAFTING[scheme].draft)
+  for uniform, word in ((0.0, 0), (_BELOW_ONE, 2**32 - 1)):
+    forced_randomness(uniform, word)
+    out = draft(
       extend,
       None,
       None,
@@ -139,7 +143,11 @@ def test_boundary_words_never_draft_a_zero_probability_token(forced_randomness):
       num_drafts=3,
       draft_len=4,
     )
-    assert set(np.unique(np.asarray(out.tokens_BxKxL))) <= {1, 3}, word
+    tokens_BxKxL = np.asarray(out.tokens_BxKxL)
+    assert set(np.unique(tokens_BxKxL)) <= {1, 3}, (uniform, word)
+    if scheme == "wor":
+      assert np.all(tokens_BxKxL[:, 0, 0] != tokens_BxKxL[:, 1, 0]), (uniform, word)
+      np.testing.assert_array_equal(tokens_BxKxL[:, 2], tokens_BxKxL[:, 0])
     jax.clear_caches()
 
 

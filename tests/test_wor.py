@@ -1,0 +1,456 @@
+"""Drafts without replacement and recursive rejection without replacement ("wor", "rrs").
+
+- The draws: `drafting.distinct_tokens` and the scheme `drafting.without_replacement`
+  (through a fake draft model that walks an enumerable tree) follow the law of successive
+  sampling (Gumbel-top-k), also where fewer than K tokens have mass (copies of path 0).
+- Exactness: the float64 reference law of RRS given the drafts, averaged over every
+  ordered draw, is q (V = 2-5, K = 1-5, sparse and one-hot cases); the JAX verifier's
+  output is q by chi-square per position and, through `verify.verify_block`, on
+  sequences (L = 1-3); the broken variant (SpecInfer's rule on drafts without
+  replacement, the draft law not renormalised) is rejected. The engine test is in
+  tests/test_engine.py.
+- The bound: the min-cut over all 2^V token sets equals the coupling LP; the prefix
+  search of `acceptance.wor_bound` equals it on every case tried; RRS stays below it.
+- The acceptance estimate `acceptance.rrs_acceptance` agrees with exact enumeration.
+"""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spectr_jax import acceptance, drafting, sampling, verify
+from tests import reference, stats
+from tests import wor_reference as ref
+
+N = 100_000
+
+
+def _f32(x):
+  return jnp.asarray(x, jnp.float32)
+
+
+def _random_cases(seed, num, sizes=(2, 3, 4, 5), ks=(1, 2, 3, 4)):
+  """(p, q, k) with Dirichlet laws of several concentrations; every 4th p sparse."""
+  rng = np.random.default_rng(seed)
+  cases = []
+  for i in range(num):
+    v, k, conc = sizes[i % len(sizes)], ks[i % len(ks)], (0.3, 1.0, 3.0)[i % 3]
+    p, q = rng.dirichlet(np.full(v, conc)), rng.dirichlet(np.full(v, conc))
+    if i % 4 == 0:
+      p[rng.integers(v)] = 0.0
+      p /= p.sum()
+    cases.append((p, q, k))
+  return cases
+
+
+EDGE_CASES = [
+  (np.array([0.6, 0.4]), np.array([0.3, 0.7]), 2),  # K = V: both tokens drafted
+  (np.array([1.0, 0.0, 0.0]), np.array([0.2, 0.5, 0.3]), 3),  # one-hot p: support < K
+  (np.array([0.2, 0.5, 0.3]), np.array([0.0, 1.0, 0.0]), 2),  # one-hot q
+  (np.array([0.5, 0.5, 0.0, 0.0]), np.array([0.0, 0.0, 0.3, 0.7]), 3),  # disjoint
+  (np.array([0.1, 0.2, 0.3, 0.4]),) * 2 + (4,),  # p = q, K = V
+  (np.array([0.7, 0.0, 0.3, 0.0]), np.array([0.1, 0.4, 0.1, 0.4]), 4),  # support 2 < K
+  (np.array([0.25, 0.25, 0.25, 0.25]), np.array([0.4, 0.3, 0.2, 0.1]), 3),  # ties in p
+  (np.array([1 - 2e-7, 1e-7, 1e-7]), np.array([0.3, 0.3, 0.4]), 2),  # 1 - p(top) tiny
+]
+
+
+# The reference: exact laws in float64.
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_reference_rrs_law_is_q_and_the_broken_variant_is_not(k):
+  broken = 0.0
+  for p, q, _ in EDGE_CASES + _random_cases(k, 40):
+    law, hit = ref.enumerate_wor(ref.rrs_law, p, q, k)
+    np.testing.assert_allclose(law, q, atol=1e-12, err_msg=f"{p} {q} {k}")
+    assert np.minimum(p, q).sum() - 1e-12 <= hit <= ref.bound_by_cuts(p, q, k)[0] + 1e-12
+    wrong, _ = ref.enumerate_wor(reference.specinfer_law, p, q, k)
+    broken = max(broken, 0.5 * np.abs(wrong - q).sum())
+  assert broken > (0.0 if k == 1 else 0.05), broken  # K = 1: both rules are one draft
+
+
+def _group(cases, k):
+  """The cases of k, padded to V = 5 with tokens of p = q = 0 (they change nothing), so
+  that one compile serves them all: (cases, p_XxV, q_XxV)."""
+  group = [(p, q) for p, q, kk in cases if kk == k]
+  p_XxV, q_XxV = (_f32([np.pad(c[i], (0, 5 - len(c[i]))) for c in group]) for i in (0, 1))
+  return group, p_XxV, q_XxV
+
+
+_KS = [pytest.param(k, marks=() if k in (2, 3) else pytest.mark.slow) for k in (1, 2, 3, 4, 5)]
+
+
+@pytest.mark.parametrize("k", _KS)
+def test_bound_cuts_equal_the_coupling_lp_and_the_prefix_search(k):
+  """SPEC 5: min over all G of q(G) + 1 - P(S subset G) is the coupling LP; the q/p-ascending
+  prefixes reached the minimum on every case (a conjecture, not a theorem)."""
+  cases = [c for c in EDGE_CASES if c[2] == k] + _random_cases(7, 200, ks=(k,))
+  group, p_XxV, q_XxV = _group([(p, q, k) for p, q, _ in cases], k)
+  cuts = []
+  for p, q in group:
+    cuts.append(ref.bound_by_cuts(p, q, k)[0])
+    if len(p) <= 4:
+      assert ref.bound_lp(p, q, k) == pytest.approx(cuts[-1], abs=1e-9), (p, q, k)
+    assert ref.bound_by_prefixes(p, q, k) == pytest.approx(cuts[-1], abs=1e-12), (p, q, k)
+  ours = np.asarray(acceptance.wor_bound_X(p_XxV, q_XxV, k))
+  np.testing.assert_allclose(ours, cuts, atol=2e-6, err_msg=f"k={k}")
+
+
+def test_bound_numerics_at_an_llm_vocabulary():
+  """float32 against the same prefix search in float64 (the exponential-race integral)."""
+  rng = np.random.default_rng(3)
+  base = rng.normal(size=4096)
+  p = np.exp(2.0 * (base + 0.5 * rng.normal(size=(4, 4096))))
+  q = np.exp(2.0 * (base + 0.5 * rng.normal(size=(4, 4096))))
+  p, q = p / p.sum(1, keepdims=True), q / q.sum(1, keepdims=True)
+  with jax.enable_x64(True):
+    exact = np.asarray(acceptance.wor_bound_X(jnp.asarray(p), jnp.asarray(q), 4))
+  ours = np.asarray(acceptance.wor_bound_X(_f32(p), _f32(q), 4))
+  np.testing.assert_allclose(ours, exact, atol=5e-6)
+  iid = np.asarray(acceptance.optimal_acceptance_X(_f32(p), _f32(q), 4))
+  assert np.all(ours >= iid - 1e-5)  # here drafts without replacement do no worse
+
+
+@pytest.mark.parametrize("k", _KS)
+def test_rrs_acceptance_agrees_with_enumeration(k):
+  cases = [(p, q, k) for p, q, _ in EDGE_CASES] + _random_cases(11, 40, ks=(k,))
+  group, p_XxV, q_XxV = _group(cases, k)
+  hits = np.array([ref.enumerate_wor(ref.rrs_law, p, q, k)[1] for p, q in group])
+  est = acceptance.rrs_acceptance_X(p_XxV, q_XxV, k, num_histories=1024)
+  hit, stderr = np.asarray(est.hit), np.asarray(est.stderr)
+  assert np.all(np.abs(hit - hits) <= 5 * stderr + 2e-6), (k, hit, hits, stderr)
+  exact = np.array([k <= 2 or np.count_nonzero(p) <= k for p, _ in group])
+  assert np.all(stderr[exact] == 0.0)
+  p, q = np.array([0.0, 0.45, 0.05, 0.3, 0.2]), np.array([0.3, 0.1, 0.2, 0.1, 0.3])
+  batch = acceptance.rrs_acceptance_X(_f32([p, p]), _f32([q, q]), 3)
+  assert batch.hit.shape == (2,) and float(batch.stderr[0]) > 0  # m_i depends on the draws
+
+
+# The draws.
+
+
+def test_distinct_tokens_follow_successive_sampling():
+  for p, k in ((np.array([0.5, 0.05, 0.0, 0.25, 0.2]), 3), (np.array([0.7, 0.0, 0.3, 0.0]), 4)):
+    keys = jax.random.split(jax.random.key(1), N)
+    draw = jax.jit(
+      jax.vmap(lambda key, k=k, p=p: drafting.distinct_tokens(jax.random.split(key, k), _f32(p)))
+    )
+    tokens, valid = (np.asarray(x) for x in draw(keys))
+    s = np.count_nonzero(p)
+    assert np.all(valid[:, : min(s, k)]) and not np.any(valid[:, s:])
+    np.testing.assert_array_equal(
+      tokens[:, s:], np.broadcast_to(tokens[:, :1], tokens[:, s:].shape)
+    )
+    law = ref.ordered_draws(p, k)
+    index = {x: i for i, (x, _) in enumerate(law)}
+    cells = [index.get(tuple(row[: min(s, k)]), len(law)) for row in tokens]
+    counts = np.bincount(cells, minlength=len(law) + 1)
+    assert counts[-1] == 0  # never a repeated or zero-probability valid token
+    stats.assert_law(counts[:-1], [w for _, w in law], f"distinct tokens k={k}")
+
+
+def _tree(seed, vocab, draft_len, conc=0.7, sparse=False):
+  """p_tab, q_tab ((L + 1) x V^L x V, as in block_bound); sparse: zeros in p's rows
+  (the root keeps 2 tokens: fewer than K = 3)."""
+  rng = np.random.default_rng(seed)
+  size = vocab**draft_len
+  p = rng.dirichlet(np.full(vocab, conc), size=(draft_len + 1, size))
+  q = rng.dirichlet(np.full(vocab, conc), size=(draft_len + 1, size))
+  if sparse:
+    p[0, 0, 2:] = 0.0
+    p[1:, :, 0] = 0.0
+    p /= p.sum(-1, keepdims=True)
+  return p, q
+
+
+def _tree_extend(p_tab):
+  """A fake draft model walking the tree: its cache is (depth, prefix code per tail)."""
+  vocab = p_tab.shape[-1]
+  logp = jnp.log(_f32(p_tab))
+
+  def extend(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None):
+    del params, num_new_B
+    depth, code_BxK = cache
+    if logits_at_B is not None:  # the opening call (pending tokens): the root
+      b, k = tokens_BxKxT.shape[:2]
+      return jnp.broadcast_to(logp[0, 0], (b, k, vocab)), (
+        jnp.int32(1),
+        jnp.zeros((b, k), jnp.int32),
+      )
+    code_BxK = code_BxK * vocab + tokens_BxKxT[:, :, 0]
+    return logp[depth, code_BxK][:, :, None], (depth + 1, code_BxK)
+
+  return extend
+
+
+def _draft(p_tab, num_drafts, draft_len, n, seed=0):
+  """n rows of drafts from the "wor" scheme on the tree: drafting.Drafts."""
+  cache = (jnp.int32(0), jnp.zeros((n, num_drafts), jnp.int32))
+  run = jax.jit(
+    functools.partial(
+      drafting.without_replacement,
+      _tree_extend(p_tab),
+      None,
+      probs=functools.partial(jax.nn.softmax, axis=-1),
+      num_drafts=num_drafts,
+      draft_len=draft_len,
+    )
+  )
+  key_B = jax.random.split(jax.random.key(seed), n)
+  return run(cache, jnp.zeros((n, 2), jnp.int32), jnp.ones((n,), jnp.int32), key_B)
+
+
+def _codes(paths_XxL, vocab):
+  return np.asarray(paths_XxL) @ (vocab ** np.arange(paths_XxL.shape[-1])[::-1])
+
+
+@pytest.mark.parametrize("sparse", [pytest.param(False, marks=pytest.mark.slow), True])
+def test_scheme_draws_the_multiset_law(sparse):
+  """The scheme's K paths (first tokens without replacement, then i.i.d.; copies of path 0
+  where the root has fewer than K tokens) follow `wor_reference.multiset_law`."""
+  vocab, k, draft_len = 3, 3, 2
+  p_tab, _ = _tree(5, vocab, draft_len, sparse=sparse)
+  out = _draft(p_tab, k, draft_len, N)
+  codes_BxK = _codes(out.tokens_BxKxL, vocab)
+  law = ref.multiset_law(p_tab, k, draft_len)
+  assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
+  index = {m: i for i, m in enumerate(law)}
+  cells = [index.get(tuple(sorted(row)), len(law)) for row in codes_BxK]
+  counts = np.bincount(cells, minlength=len(law) + 1)
+  assert counts[-1] == 0
+  stats.assert_law(counts[:-1], list(law.values()), f"wor multiset sparse={sparse}")
+  first = np.asarray(out.tokens_BxKxL)[:, :, 0]
+  for path in np.asarray(out.tokens_BxKxL)[:50]:  # paths sharing a first token are copies
+    drafting.check_distinct(path)
+  if sparse:
+    assert np.all(first[:, 0] != first[:, 1])
+  # p of every tail is the law its token was drawn from.
+  p_BxKxLxV = np.asarray(out.p_BxKxLxV)
+  np.testing.assert_allclose(p_BxKxLxV[:, :, 0], np.broadcast_to(p_tab[0, 0], (N, k, vocab)), 1e-6)
+  np.testing.assert_allclose(
+    p_BxKxLxV[:, :, 1], p_tab[1][np.asarray(out.tokens_BxKxL)[:, :, 0]], atol=1e-6
+  )
+
+
+# The verifier at one position.
+
+
+def _sample_position(fn, p, q, k, *, seed=0, n=N):
+  """n outcomes of fn(key, drafts_K, p_V, q_V, valid_K) on drafts of `distinct_tokens`:
+  numpy (tokens, accepted, hit)."""
+  p_V, q_V = _f32(p), _f32(q)
+
+  @jax.jit
+  def run(key):
+    def one(key):
+      draft_key, verify_key = jax.random.split(key)
+      drafts_K, valid_K = drafting.distinct_tokens(jax.random.split(draft_key, k), p_V)
+      verdict = fn(verify_key, drafts_K, p_V, q_V, jnp.ones((k,), bool))
+      return verdict.token, verdict.accepted, jnp.any(valid_K & (drafts_K == verdict.token))
+
+    # Batched: each draw holds its own V-vector of drafted tokens.
+    return jax.lax.map(one, jax.random.split(key, n), batch_size=max(1, 2**25 // len(p)))
+
+  return tuple(np.asarray(x) for x in run(jax.random.key(seed)))
+
+
+def _llm_like(seed, vocab):
+  rng = np.random.default_rng(seed)
+  base = rng.normal(size=vocab)
+  p = np.exp(2.0 * (base + 0.5 * rng.normal(size=vocab)))
+  q = np.exp(2.0 * (base + 0.5 * rng.normal(size=vocab)))
+  return p / p.sum(), q / q.sum()
+
+
+POSITION_CASES = {
+  "k-equals-v": EDGE_CASES[0],
+  "one-hot-p": EDGE_CASES[1],
+  "one-hot-q": EDGE_CASES[2],
+  "support-below-k": EDGE_CASES[5],
+  "dirichlet-v6": (*_random_cases(3, 3, sizes=(6,))[1][:2], 4),
+  "sparse-v5": (np.array([0.0, 0.45, 0.05, 0.3, 0.2]), np.array([0.3, 0.1, 0.2, 0.1, 0.3]), 3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POSITION_CASES))
+def test_rrs_output_law_is_q(case):
+  p, q, k = POSITION_CASES[case]
+  tokens, accepted, hit = _sample_position(verify.rrs_position, p, q, k)
+  stats.assert_law(np.bincount(tokens, minlength=len(q)), q, f"rrs {case}")
+  np.testing.assert_array_equal(hit, accepted)  # a rejected draft is never the final draw
+  if case == "dirichlet-v6":
+    _, exact = ref.enumerate_wor(ref.rrs_law, p, q, k)
+    stats.assert_mean(hit, exact, f"rrs {case} hit rate")
+
+
+@pytest.mark.slow
+def test_rrs_large_vocabulary():
+  """V = 32k, K = 8, LLM-like pairs, 64 bins of equal q-mass; the hit rate against the
+  estimate of `acceptance.rrs_acceptance`."""
+  p, q = _llm_like(11, 32_000)
+  tokens, _, hit = _sample_position(verify.rrs_position, p, q, 8, n=N // 2)
+  bins, bin_probs = stats.equal_mass_bins(q, 64)
+  stats.assert_law(np.bincount(bins[tokens], minlength=64), bin_probs, "rrs V=32k")
+  est = acceptance.rrs_acceptance(_f32(p), _f32(q), 8, num_histories=512)
+  assert abs(hit.mean() - float(est.hit)) < 5 * np.sqrt(hit.var() / hit.size + est.stderr**2)
+
+
+def test_rejects_specinfer_rule_on_drafts_without_replacement():
+  """The draft law not renormalised after each rejection (SpecInfer's rule) is not exact."""
+  p, q, k = EDGE_CASES[6]
+  tokens, _, _ = _sample_position(verify.specinfer_position, p, q, k)
+  stats.assert_rejects(np.bincount(tokens, minlength=len(q)), q, "specinfer on wor drafts")
+
+
+def test_repeated_and_masked_drafts_are_skipped():
+  """A repeated token and a masked draft change nothing: with the same keys, the same
+  outputs as without them."""
+  p, q = _f32([0.3, 0.3, 0.2, 0.2]), _f32([0.25, 0.25, 0.25, 0.25])
+  keys = jax.random.split(jax.random.key(2), 4000)
+
+  @jax.jit
+  def outputs(drafts_K, valid_K):
+    verdict = jax.vmap(lambda key: verify.rrs_position(key, drafts_K, p, q, valid_K))(keys)
+    return verdict.token, verdict.accepted
+
+  def run(drafts, valid):
+    return [np.asarray(x) for x in outputs(jnp.asarray(drafts, jnp.int32), jnp.asarray(valid))]
+
+  same = run([0, 1, 0], [True, True, True])
+  np.testing.assert_array_equal(same, run([0, 1, 2], [True, True, False]))
+  np.testing.assert_array_equal(same, run([0, 1, 1], [True, True, True]))
+  assert not np.array_equal(same[0], run([0, 1, 2], [True, True, True])[0])
+
+
+def test_public_rrs_and_verify_block_checks():
+  p, q = _f32([0.5, 0.3, 0.2]), _f32([0.2, 0.2, 0.6])
+  token, _ = verify.rrs(jax.random.key(0), jnp.asarray([2, 0], jnp.int32), p, q)
+  assert 0 <= int(token) < 3
+  p_KxLxV = jnp.broadcast_to(p, (3, 2, 3))
+  q_KxL1xV = jnp.broadcast_to(q, (3, 3, 3))
+  ok = jnp.asarray([[1, 0], [2, 2], [1, 0]], jnp.int32)  # path 2 copies path 0
+  verify.verify_block(jax.random.key(0), ok, p_KxLxV, q_KxL1xV, method="rrs")
+  iid_like = jnp.asarray([[1, 0], [2, 2], [1, 2]], jnp.int32)
+  with pytest.raises(ValueError, match="paths 0 and 2 share the first token 1"):
+    verify.verify_block(jax.random.key(0), iid_like, p_KxLxV, q_KxL1xV, method="rrs")
+  verify.verify_block(jax.random.key(0), iid_like, p_KxLxV, q_KxL1xV, method="specinfer")
+
+
+# Sequences: the scheme's drafts through verify_block, completed by exact target draws.
+
+
+def _sample_blocks(p_tab, q_tab, num_drafts, draft_len, n=N, seed=3, method="rrs"):
+  """`verify_block` on drafts of the "wor" scheme, each block completed with exact target
+  draws: numpy (codes of the L + 1 tokens, num_tokens)."""
+  vocab = p_tab.shape[-1]
+  out = _draft(p_tab, num_drafts, draft_len, n, seed)
+  q_j = _f32(q_tab)
+
+  def one(key, drafts_KxL, p_KxLxV):
+    verify_key, extend_key = jax.random.split(key)
+    code_K = jnp.zeros((num_drafts,), jnp.int32)
+    qs = []
+    for t in range(draft_len + 1):
+      qs.append(q_j[t, code_K])
+      if t < draft_len:
+        code_K = code_K * vocab + drafts_KxL[:, t]
+    tokens_L1, num = verify.verify_block(
+      verify_key, drafts_KxL, p_KxLxV, jnp.stack(qs, 1), method=method
+    )
+    code = jnp.int32(0)
+    for t in range(draft_len + 1):
+      draw = sampling.categorical(jax.random.fold_in(extend_key, t), q_j[t, code])
+      code = code * vocab + jnp.where(t < num, tokens_L1[t], draw)
+    return code, num
+
+  keys = jax.random.split(jax.random.key(seed + 1), n)
+  codes, nums = jax.jit(jax.vmap(one))(keys, out.tokens_BxKxL, out.p_BxKxLxV)
+  return np.asarray(codes), np.asarray(nums)
+
+
+def _sequence_law(q_tab, draft_len):
+  vocab, law = q_tab.shape[-1], np.ones(1)
+  for t in range(draft_len + 1):
+    law = (law[:, None] * q_tab[t, : vocab**t]).ravel()
+  return law
+
+
+def _expected_num_tokens(p_tab, q_tab, num_drafts, draft_len):
+  """Exact E[num_tokens]: RRS on the distinct first tokens, then one surviving path."""
+  vocab = p_tab.shape[-1]
+
+  @functools.cache
+  def single(t, code):  # expected tokens from position t on, one draft path at node code
+    if t == draft_len:
+      return 1.0
+    p, q = p_tab[t, code], q_tab[t, code]
+    total = 0.0
+    for x in np.flatnonzero(p > 0):
+      law = reference.sd_law((x,), p, q)
+      total += p[x] * (1.0 + law[x] * single(t + 1, code * vocab + x))
+    return total
+
+  p, q = p_tab[0, 0], q_tab[0, 0]
+  expected = 0.0
+  for x, weight in ref.ordered_draws(p, num_drafts):
+    law = ref.rrs_law(x, p, q)
+    expected += weight * (1.0 + sum(law[y] * single(1, y) for y in x))
+  return expected
+
+
+_SEQ = [
+  pytest.param(1, False, id="L1", marks=pytest.mark.slow),
+  pytest.param(2, False, id="L2"),
+  pytest.param(2, True, id="L2-sparse"),
+  pytest.param(3, False, id="L3", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("draft_len, sparse", _SEQ)
+def test_block_sequence_law_and_length(draft_len, sparse):
+  p_tab, q_tab = _tree(draft_len + 10 * sparse, 3, draft_len, sparse=sparse)
+  codes, nums = _sample_blocks(p_tab, q_tab, 3, draft_len)
+  law = _sequence_law(q_tab, draft_len)
+  what = f"rrs block L={draft_len} sparse={sparse}"
+  stats.assert_law(np.bincount(codes, minlength=law.size), law, what)
+  assert nums.min() >= 1 and nums.max() <= draft_len + 1
+  if draft_len == 2 and not sparse:
+    expected = _expected_num_tokens(p_tab, q_tab, 3, draft_len)
+    stats.assert_mean(nums, expected, f"{what} num_tokens")
+
+
+def test_block_rejects_specinfer_rule_on_drafts_without_replacement():
+  """The same walk with SpecInfer's rule (the draft law not renormalised) is caught; at
+  this root it puts total variation 0.053 on the first token."""
+  p_tab, q_tab = _tree(4, 3, 2)
+  p_tab[0, 0], q_tab[0, 0] = [0.64, 0.12, 0.24], [0.2, 0.32, 0.48]
+  codes, _ = _sample_blocks(p_tab, q_tab, 2, 2, method="specinfer")
+  law = _sequence_law(q_tab, 2)
+  stats.assert_rejects(np.bincount(codes, minlength=law.size), law, "specinfer on wor blocks")
+
+
+def test_multiset_law_reduces_to_iid_paths_at_one_draft():
+  from spectr_jax import block_bound
+
+  p_tab, _ = _tree(1, 3, 2)
+  law = ref.multiset_law(p_tab, 1, 2)
+  probs = block_bound.path_probs(p_tab, 2)
+  for (code,), prob in law.items():
+    assert prob == pytest.approx(probs[code], abs=1e-15)
+  law = ref.multiset_law(p_tab, 2, 2)
+  assert all(len({c // 3 for c in m}) == 2 for m in law)  # distinct first tokens
+  assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("vocab, k", [(2, 2), (3, 4)])
+def test_every_ordered_draw_is_enumerated(vocab, k):
+  p = np.linspace(1.0, 2.0, vocab)
+  p /= p.sum()
+  draws = ref.ordered_draws(p, k)
+  assert len(draws) == len(list(itertools.permutations(range(vocab), min(k, vocab))))
+  assert sum(w for _, w in draws) == pytest.approx(1.0, abs=1e-12)

@@ -1,0 +1,167 @@
+"""Float64 references for drafts without replacement (SPEC section 5), by enumeration.
+
+A test oracle for `drafting.distinct_tokens`, `verify.rrs_position` and the bound and
+acceptance of `spectr_jax.acceptance` (nothing in spectr_jax imports it). Small V only.
+
+- `ordered_draws(p, k)`: every ordered tuple of k distinct tokens drawn without
+  replacement (successive sampling, the law of Gumbel-top-k in the order of the
+  perturbed values) with its probability; k is cut to the support size, as the scheme
+  does (the remaining drafts are copies of the first: they add nothing).
+- `rrs_law(x, p, q)`: the exact output law of recursive rejection without replacement
+  given the ordered drafts x; `specinfer_law` of tests/reference.py is the broken
+  variant (the draft law not renormalised).
+- `enumerate_wor(law_fn, p, q, k)`: output law and hit probability over all draws.
+- `subset_prob(p, g, k)`: P(S subset of G), S the set of drafts.
+- `bound_by_cuts(p, q, k)`: min over ALL token sets G of q(G) + 1 - P(S subset of G).
+- `bound_by_prefixes(p, q, k)`: the same minimum over the prefixes of the q/p-ascending
+  order only (what the library computes at large V).
+- `bound_lp(p, q, k)`: max P(Y in S) by the exact coupling LP over the draft sets.
+- `multiset_law(p_tab, k, draft_len)`: the law of the multiset of K draft paths of the
+  "wor" scheme on an enumerable tree (the input of a block-level LP).
+"""
+
+import itertools
+
+import numpy as np
+from scipy.optimize import linprog
+
+
+def support_size(p) -> int:
+  return int(np.count_nonzero(np.asarray(p) > 0))
+
+
+def ordered_draws(p, k):
+  """[(x tuple, probability)] of k successive draws without replacement from p (k is cut
+  to the support size)."""
+  p = np.asarray(p, np.float64)
+  k = min(k, support_size(p))
+  support = np.flatnonzero(p > 0)
+  out = []
+  for x in itertools.permutations(support, k):
+    prob, left = 1.0, p.copy()
+    for xi in x:
+      prob *= p[xi] / left.sum()  # summed, not 1 - the drawn mass (no cancellation)
+      left[xi] = 0.0
+    out.append((tuple(int(xi) for xi in x), prob))
+  return out
+
+
+def _normalised_or(r, fallback):
+  total = r.sum()
+  return r / total if total > 1e-300 else fallback
+
+
+def rrs_law(x, p, q):
+  """Exact law of recursive rejection without replacement given the ordered drafts x."""
+  law, stay, r, left = np.zeros_like(q), 1.0, q.copy(), p.copy()
+  for xi in x:
+    p_i = left / left.sum()
+    a = min(1.0, r[xi] / p_i[xi])
+    law[xi] += stay * a
+    stay *= 1 - a
+    r = _normalised_or(np.maximum(r - p_i, 0), r)
+    left[xi] = 0.0
+  return law + stay * r
+
+
+def enumerate_wor(law_fn, p, q, k):
+  """Output law and hit probability of a verifier over every ordered draw of k drafts."""
+  out, hit = np.zeros_like(q), 0.0
+  for x, weight in ordered_draws(p, k):
+    law = law_fn(x, p, q)
+    out += weight * law
+    hit += weight * law[list(x)].sum()
+  return out, hit
+
+
+def subset_prob(p, g, k) -> float:
+  """P(every draft lies in the token set g)."""
+  g = set(int(t) for t in g)
+  return sum(w for x, w in ordered_draws(p, k) if set(x) <= g)
+
+
+def bound_by_cuts(p, q, k) -> tuple[float, tuple[int, ...]]:
+  """(min over every token set G of q(G) + 1 - P(S subset G), the minimising G)."""
+  v = len(p)
+  best = (np.inf, ())
+  for size in range(v + 1):
+    for g in itertools.combinations(range(v), size):
+      value = q[list(g)].sum() + 1.0 - subset_prob(p, g, k)
+      best = min(best, (value, g))
+  return best
+
+
+def prefix_order(p, q):
+  """Tokens by q/p ascending (q = 0 < p first, p = 0 last), ties by token id."""
+  ratio = np.where(p > 0, q / np.where(p > 0, p, 1.0), np.inf)
+  return np.argsort(ratio, kind="stable")
+
+
+def bound_by_prefixes(p, q, k) -> float:
+  """The cut minimum over the prefixes of `prefix_order` only."""
+  order = prefix_order(p, q)
+  return min(q[order[:j]].sum() + 1.0 - subset_prob(p, order[:j], k) for j in range(len(p) + 1))
+
+
+def bound_lp(p, q, k) -> float:
+  """max P(Y in S) over couplings of the draft set S (law of `ordered_draws`) and Y ~ q."""
+  sets = {}
+  for x, w in ordered_draws(p, k):
+    key = tuple(sorted(x))
+    sets[key] = sets.get(key, 0.0) + w
+  v = len(q)
+  keys = list(sets)
+  n = len(keys) * v
+  cost = np.zeros(n)
+  a_eq, b_eq = [], []
+  for i, s in enumerate(keys):
+    row = np.zeros(n)
+    row[i * v : (i + 1) * v] = 1
+    a_eq.append(row)
+    b_eq.append(sets[s])
+    for y in s:
+      cost[i * v + y] = -1
+  for y in range(v):
+    row = np.zeros(n)
+    row[y::v] = 1
+    a_eq.append(row)
+    b_eq.append(q[y])
+  res = linprog(cost, A_eq=np.array(a_eq), b_eq=np.array(b_eq), bounds=(0, None), method="highs")
+  assert res.success, res.message
+  return -res.fun
+
+
+def multiset_law(p_tab, k, draft_len) -> dict[tuple[int, ...], float]:
+  """The law of the multiset of the K draft paths of the "wor" scheme on a tree.
+
+  `p_tab` as in `spectr_jax.block_bound` ((L + 1) x V^L x V, row t = the law after the
+  prefix of length t with that base-V code). The first tokens are drawn without
+  replacement from p_tab[0, 0]; every path then continues i.i.d. from its own prefix.
+  Where fewer than K tokens have mass, the remaining paths copy the first drawn path
+  (the verifier ignores them), so that path appears K - s + 1 times in the multiset.
+
+  Returns:
+    {sorted tuple of K path codes (base-V, first token most significant): probability}.
+  """
+  vocab = p_tab.shape[-1]
+  law = {}
+  for x, weight in ordered_draws(p_tab[0, 0], k):
+    tails = []
+    for first in x:
+      # Every continuation of a path starting with `first`, with its probability.
+      paths = [(first, 1.0)]
+      for t in range(1, draft_len):
+        paths = [
+          (code * vocab + y, prob * p_tab[t, code, y])
+          for code, prob in paths
+          for y in range(vocab)
+          if p_tab[t, code, y] > 0
+        ]
+      tails.append(paths)
+    copies = k - len(x)
+    for combo in itertools.product(*tails):
+      codes = [c for c, _ in combo] + [combo[0][0]] * copies
+      prob = weight * np.prod([w for _, w in combo])
+      key = tuple(sorted(codes))
+      law[key] = law.get(key, 0.0) + prob
+  return law
