@@ -277,7 +277,7 @@ METHODS: dict[str, Method] = {
       acceptance="spectr_jax.acceptance:rrs_acceptance_X",
       label="RRS w/o replacement",
       style="--",
-      compare_with=("specinfer", "optimal"),
+      compare_with=("specinfer", "kseq", "optimal"),
     ),
     Method(
       name="block",

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import field_methods
 from configs import rho_ablation as rho_ablation_config
-from spectr_jax import acceptance, analysis, data, results
+from spectr_jax import acceptance, analysis, data, methods, results
 from spectr_jax.config import RhoAblationConfig
 from tests.test_experiment import random_pair
 
@@ -113,3 +114,15 @@ def test_rho_ablation_runs_and_caches(pair, tmp_path, monkeypatch):
 
   monkeypatch.setattr(analysis, "rho_ablation", lambda *a: pytest.fail("not cached"))
   assert analysis.run_rho_ablation(config, pair)[1] == result
+
+
+@pytest.mark.parametrize("arg", [None, "test"])
+def test_field_methods_config_converts(arg):
+  config = RhoAblationConfig.from_dict(field_methods.get_config(arg).to_dict())
+  assert config.sweep.methods == field_methods.METHODS
+  assert set(field_methods.METHODS) <= set(methods.names()) and config.sweep.rhos == ("star",)
+  assert config.sweep.name.startswith("field_methods")
+  if arg is None:  # The measurement of docs/BLOCK_VERIFICATION.md: 3 seeds x 100 prompts.
+    assert (config.sweep.seeds, config.sweep.decoding.num_prompts) == ((0, 1, 2), 100)
+    assert (config.sweep.num_drafts, config.sweep.draft_lens) == ((2, 4, 8), (4, 8))
+    assert config.sweep.pair.draft_workdir == "draft-distill-runlocal"
