@@ -8,7 +8,9 @@ V^(L K) <= 4096:
 
   token-level walks (`verify.verify_block`): sd, kseq (rho*), specinfer, optimal:
     E[tokens] over all K-tuples of paths, walking each position's exact conditional law
-    given the surviving drafts;
+    given the surviving drafts; rrs on drafts without replacement: every ordered draw of
+    distinct first tokens, then the one surviving path (its first token is unique)
+    walked as single-draft rejection;
   block-level (`block.block_verify`): block, gbv, gbv_tp: 1 + E[sum_i w_i]
     (`block_bound.block_value`);
   the single-draft methods (sd, block) at K = 1 on the same tree, in every row;
@@ -28,7 +30,7 @@ import itertools
 import numpy as np
 
 from spectr_jax import block_bound, methods, optimal
-from tests import reference
+from tests import reference, wor_reference
 
 TOL = 1e-5  # tokens per round: "at the bound", "above", "below" (float32 plans)
 
@@ -64,10 +66,13 @@ LAWS = {
   "specinfer": reference.specinfer_law,
   "optimal": optimal_law,
 }
+WOR_LAWS = {"rrs": wor_reference.rrs_law}  # token-level methods on drafts w/o replacement
 BLOCK_ENUMERATED = ("block", "gbv", "gbv_tp")  # `block_bound.block_value` methods
 # The table's columns: every registered speculative method (registry order) that has an
 # exact enumeration here; the others are named in the summary.
-COLUMNS = tuple(m for m in methods.names(speculative=True) if m in LAWS or m in BLOCK_ENUMERATED)
+COLUMNS = tuple(
+  m for m in methods.names(speculative=True) if m in LAWS or m in WOR_LAWS or m in BLOCK_ENUMERATED
+)
 NOT_ENUMERATED = tuple(m for m in methods.names(speculative=True) if m not in COLUMNS)
 SCHEMES = tuple(dict.fromkeys(methods.get(m).drafting for m in COLUMNS))
 
@@ -103,6 +108,32 @@ def token_value(p_tab, q_tab, num_drafts: int, draft_len: int, method: str) -> f
   return value
 
 
+def wor_token_value(p_tab, q_tab, num_drafts: int, draft_len: int, method: str) -> float:
+  """Exact E[tokens per round] of `method` (rrs) on the "wor" scheme's drafts: the first
+  tokens are an ordered draw without replacement (`wor_reference.ordered_draws`; extra
+  copies of path 0 past the support are ignored by the verifier), so at most one path
+  survives position 0 and its i.i.d. continuation is verified one draft at a time."""
+  vocab = p_tab.shape[-1]
+
+  @functools.cache
+  def tail(t, code):  # E[tokens from depth t on], one surviving path after prefix `code`
+    if t == draft_len:
+      return 1.0
+    p, q = p_tab[t, code], q_tab[t, code]
+    total = 0.0
+    for d in np.flatnonzero(p > 0):
+      out = WOR_LAWS[method]((int(d),), p, q)
+      total += p[d] * (1.0 + out[d] * tail(t + 1, code * vocab + int(d)))
+    return total
+
+  p, q = p_tab[0, 0], q_tab[0, 0]
+  value = 0.0
+  for x, weight in wor_reference.ordered_draws(p, num_drafts):
+    out = WOR_LAWS[method](x, p, q)
+    value += weight * (1.0 + sum(out[d] * tail(1, d) for d in x))
+  return value
+
+
 def single_draft(method: str) -> bool:
   return methods.get(method).max_drafts == 1
 
@@ -115,6 +146,8 @@ def case_values(p_tab, q_tab, num_drafts: int, draft_len: int) -> dict[str, floa
     k = 1 if single_draft(method) else num_drafts
     if method in LAWS:
       values[method] = token_value(p_tab, q_tab, k, draft_len, method)
+    elif method in WOR_LAWS:
+      values[method] = wor_token_value(p_tab, q_tab, k, draft_len, method)
     else:
       values[method] = block_bound.block_value(p_tab, q_tab, k, draft_len, method=method)
   for scheme in SCHEMES:
@@ -198,7 +231,8 @@ def _count(diffs, what: str) -> str:
 
 
 def summary(rows) -> list[str]:
-  """Lines: each method against its bound; gbv_tp against gbv, block and optimal."""
+  """Lines: each method against its bound; gbv_tp against gbv, block and optimal; rrs
+  against the i.i.d. verifiers and the two schemes' bounds."""
   lines = []
   multi = [r for r in rows if r["K"] > 1]
   for col in COLUMNS:
@@ -231,6 +265,15 @@ def summary(rows) -> list[str]:
       + _count([r["gbv_tp"] - r["optimal"] for r in multi], "gbv_tp vs optimal (token level)")
     )
     lines.append("- K > 1, " + _count([r["gbv"] - r["optimal"] for r in multi], "gbv vs optimal"))
+  if {"rrs", "specinfer", "optimal"} <= set(COLUMNS) and multi:
+    for other in ("specinfer", "kseq", "optimal", "gbv"):
+      lines.append(
+        "- K > 1, " + _count([r["rrs"] - r[other] for r in multi], f"rrs (w/o repl.) vs {other}")
+      )
+    lines.append(
+      "- K > 1, "
+      + _count([r["bound wor"] - r["bound iid"] for r in multi], "bound (wor) vs bound (iid)")
+    )
   if NOT_ENUMERATED:
     lines.append(f"- registered but not enumerated here: {', '.join(NOT_ENUMERATED)}")
   return lines

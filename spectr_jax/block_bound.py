@@ -41,6 +41,7 @@ __all__ = [
   "path_probs",
   "selected_path_law",
   "selection_probs",
+  "wor_multisets",
 ]
 
 
@@ -286,10 +287,39 @@ def iid_multisets(p_tab, num_drafts: int, draft_len: int) -> dict[tuple[int, ...
   return law
 
 
+def wor_multisets(p_tab, num_drafts: int, draft_len: int) -> dict[tuple[int, ...], float]:
+  """The law of the multiset of the K paths of `drafting.without_replacement`: the first
+  tokens drawn without replacement from p_tab[0, 0] (successive draws), each path then
+  i.i.d. from its own prefix; where s < K tokens have mass, the K - s extra paths are
+  copies of the first drawn path (no new node of the draft tree, so no new chance).
+  Multisets of probability 0 left out."""
+  p_tab = np.asarray(p_tab, np.float64)
+  vocab = p_tab.shape[-1]
+  first_V = p_tab[0, 0]
+  probs = path_probs(p_tab, draft_len)
+  span = vocab ** (draft_len - 1)  # paths per first token
+  support = [int(y) for y in np.flatnonzero(first_V > 0)]
+  law = {}
+  for x in itertools.permutations(support, min(num_drafts, len(support))):
+    weight, left = 1.0, first_V.copy()
+    for y in x:  # successive draws: P(y | drawn so far) = p(y) / p(not yet drawn)
+      weight *= first_V[y] / left.sum()
+      left[y] = 0.0
+    tails = [
+      [(c, probs[c] / first_V[y]) for c in range(y * span, (y + 1) * span) if probs[c] > 0]
+      for y in x
+    ]
+    for combo in itertools.product(*tails):
+      codes = [c for c, _ in combo] + [combo[0][0]] * (num_drafts - len(x))
+      key = tuple(sorted(codes))
+      law[key] = law.get(key, 0.0) + weight * float(np.prod([w for _, w in combo]))
+  return law
+
+
 # The law of the multiset of draft paths of each drafting scheme (`methods.DRAFTING`), as
 # (p_tab, K, L) -> {sorted tuple of path codes: probability}: the block-level bound of a
 # method is `multiset_bound` of its scheme's law.
-MULTISETS: dict[str, Callable] = {"iid": iid_multisets}
+MULTISETS: dict[str, Callable] = {"iid": iid_multisets, "wor": wor_multisets}
 
 
 def block_bound(p_tab, q_tab, num_drafts: int, draft_len: int) -> float:

@@ -250,13 +250,13 @@ def test_bad_input(method, num_drafts, message):
 
 @pytest.mark.slow
 def test_table_core_on_a_few_cases():
-  """scripts/block_table.py's core: every method at most its bound; K = 1 block = bound;
-  SPEC's p = q rows for gbv_tp (2, 1.75, 1.625 at L = 1, K = 1..3)."""
+  """scripts/block_table.py's core: every method at most its scheme's bound; K = 1 block =
+  bound, rrs = sd; SPEC's p = q rows for gbv_tp (2, 1.75, 1.625 at L = 1, K = 1..3)."""
   path = pathlib.Path(__file__).parents[1] / "scripts" / "block_table.py"
   spec = importlib.util.spec_from_file_location("block_table", path)
   table = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(table)
-  assert {"block", "gbv", "gbv_tp"} <= set(table.COLUMNS)
+  assert {"block", "gbv", "gbv_tp", "rrs"} <= set(table.COLUMNS)
   chosen = table.cases(12, 0)
   picked = chosen[:2] + chosen[10:13] + chosen[15:23]
   rows = [{**table.case_values(p, q, k, n), "K": k} for _, _, n, k, p, q in picked]
@@ -265,6 +265,7 @@ def test_table_core_on_a_few_cases():
     if row["K"] == 1:
       assert row["block"] == pytest.approx(row["bound K=1"], abs=1e-5)
       assert row["block"] >= row["sd"] - 1e-6
+      assert row["rrs"] == pytest.approx(row["sd"], abs=1e-9)  # one draft: rejection
   assert rows[0]["block"] == pytest.approx(20 / 9, abs=1e-6)
   assert rows[0]["sd"] == pytest.approx(19 / 9, abs=1e-6)
   np.testing.assert_allclose([r["gbv_tp"] for r in rows[2:5]], [2.0, 1.75, 1.625], atol=1e-9)

@@ -101,6 +101,7 @@ def test_bound_cuts_equal_the_coupling_lp_and_the_prefix_search(k):
   np.testing.assert_allclose(ours, cuts, atol=2e-6, err_msg=f"k={k}")
 
 
+@pytest.mark.numerics
 def test_bound_numerics_at_an_llm_vocabulary():
   """float32 against the same prefix search in float64 (the exponential-race integral)."""
   rng = np.random.default_rng(3)
@@ -277,7 +278,14 @@ POSITION_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(POSITION_CASES))
+# The edge cases in the fast tier, the random pairs with --runslow.
+@pytest.mark.parametrize(
+  "case",
+  [
+    pytest.param(c, marks=pytest.mark.slow if c in ("dirichlet-v6", "sparse-v5") else ())
+    for c in sorted(POSITION_CASES)
+  ],
+)
 def test_rrs_output_law_is_q(case):
   p, q, k = POSITION_CASES[case]
   tokens, accepted, hit = _sample_position(verify.rrs_position, p, q, k)
@@ -288,6 +296,7 @@ def test_rrs_output_law_is_q(case):
     stats.assert_mean(hit, exact, f"rrs {case} hit rate")
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_rrs_large_vocabulary():
   """V = 32k, K = 8, LLM-like pairs, 64 bins of equal q-mass; the hit rate against the
@@ -445,6 +454,19 @@ def test_multiset_law_reduces_to_iid_paths_at_one_draft():
   law = ref.multiset_law(p_tab, 2, 2)
   assert all(len({c // 3 for c in m}) == 2 for m in law)  # distinct first tokens
   assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("sparse, k, draft_len", [(False, 2, 2), (True, 3, 2), (False, 4, 1)])
+def test_block_bound_wor_law_is_the_reference_multiset_law(sparse, k, draft_len):
+  """`block_bound.MULTISETS["wor"]` (the block-level bound's input) against the reference
+  enumeration, with K beyond the root's support in the sparse case."""
+  from spectr_jax import block_bound
+
+  p_tab, _ = _tree(7, 3, draft_len, sparse=sparse)
+  law = block_bound.MULTISETS["wor"](p_tab, k, draft_len)
+  expected = ref.multiset_law(p_tab, k, draft_len)
+  assert law.keys() == expected.keys()
+  np.testing.assert_allclose([law[m] for m in expected], list(expected.values()), atol=1e-14)
 
 
 @pytest.mark.parametrize("vocab, k", [(2, 2), (3, 4)])
