@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Sets up .venv and runs lint plus the test suite. Extra arguments go to pytest
-# (e.g. `scripts/test.sh --runslow` for the slow statistical and end-to-end tests).
+# Sets up .venv and runs lint plus the test suite on two pytest workers (pytest-xdist; a
+# test file stays on one worker, so its module fixtures are built once). Extra arguments
+# go to pytest (e.g. `scripts/test.sh --runslow` for the slow statistical and end-to-end
+# tests, `scripts/test.sh -n 0 tests/test_verify.py` for one file in this process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check spectr_jax tests configs experiments scripts
 .venv/bin/ruff format --check spectr_jax tests configs experiments scripts
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"

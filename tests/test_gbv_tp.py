@@ -222,6 +222,7 @@ def test_float32_selection_and_skewed_law_are_the_law_of_the_maximum(
       )
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("num_drafts", [2, 4, 8])
 def test_float32_skewed_law_at_32k_tokens(num_drafts):
   """At V = 32768 the float32 law is >= 0, sums to 1 and is the float64 law (same order)

@@ -171,7 +171,14 @@ def test_overshoot_is_the_closed_form_deficit():
     assert (float(verdict.overshoot) > methods.OVERSHOOT_TOL) == (rho in (1.0, 1.5)), rho
 
 
-@pytest.mark.parametrize("name", [m for m in methods.names(speculative=True)])
+# K-SEQ (the only method with a rho) and one block-level method in the fast tier.
+@pytest.mark.parametrize(
+  "name",
+  [
+    pytest.param(m, marks=() if m in ("kseq", "gbv") else pytest.mark.slow)
+    for m in methods.names(speculative=True)
+  ],
+)
 def test_the_walk_reports_overshoot_only_for_an_invalid_rho(name):
   k = 1 if methods.get(name).max_drafts == 1 else 3
   p_V, q_V = _INVALID_RHO_PAIR

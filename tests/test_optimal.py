@@ -295,6 +295,7 @@ def _check_monte_carlo(p_V, q_V, k, num_cuts, n, num_bins, what, seed):
   return plan, accepted, hit
 
 
+@pytest.mark.slow
 def test_monte_carlo_v1000_k8():
   rng = np.random.default_rng(1000)
   p, q = _pair(rng, 1000, 1.0)
@@ -305,6 +306,7 @@ def test_monte_carlo_v1000_k8():
   stats.assert_mean(hit, bound, "V=1000 k=8: hit = alpha*")
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_monte_carlo_v32000_k8():
   rng = np.random.default_rng(32000)
@@ -458,6 +460,7 @@ def _check_plan_against_reference(plan, p_V, q_V, k, what):
   assert accept > 0.998 * alpha, f"{what}: accept {accept} vs alpha* {alpha}"
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(
   "vocab",
   [

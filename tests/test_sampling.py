@@ -19,6 +19,8 @@ import pytest
 from spectr_jax import sampling
 from tests import stats
 
+pytestmark = pytest.mark.numerics  # the whole module: .ci/run reruns it optimised
+
 TV_BOUND = 1e-6
 
 

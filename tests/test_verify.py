@@ -86,8 +86,15 @@ PUBLIC = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("method", sorted(PUBLIC))
+# The edge cases in the fast tier, the random Dirichlet pairs with --runslow.
+@pytest.mark.parametrize(
+  "method, case",
+  [
+    pytest.param(m, c, marks=pytest.mark.slow if c.startswith("dirichlet") else ())
+    for c in sorted(CASES)
+    for m in sorted(PUBLIC)
+  ],
+)
 def test_output_law_is_q(method, case):
   (p, q), k = CASES[case]
   p_V, q_V = _f32(p), _f32(q)
@@ -128,27 +135,27 @@ def test_kseq_conditional_law_given_drafts(drafts):
   stats.assert_law(np.bincount(np.asarray(tokens), minlength=4), law, f"kseq | {drafts}")
 
 
-def test_valid_mask_selects_drafts():
+@pytest.mark.parametrize("method", ["kseq", pytest.param("specinfer", marks=pytest.mark.slow)])
+def test_valid_mask_selects_drafts(method):
   """Masked drafts are ignored: k = number valid, and k = 0 samples q."""
   p, q = _dirichlet(4, 5, 1.0)
   p_V, q_V = _f32(p), _f32(q)
   for valid in ((True, False, True, False), (False,) * 4):
     valid_K = jnp.asarray(valid)
-    for method in ("kseq", "specinfer"):
-      fn = getattr(verify, method)
-      tokens, accepted, _ = _sample(
-        lambda key, d, p, q, fn=fn, valid_K=valid_K: fn(key, d, p, q, valid_K=valid_K),
-        p_V,
-        q_V,
-        4,
-      )
-      k = sum(valid)
-      stats.assert_law(np.bincount(tokens, minlength=5), q, f"{method} valid={valid}")
-      if k == 0:
-        assert not accepted.any()
-      elif method == "kseq":
-        expected = float(acceptance.kseq_acceptance(p_V, q_V, k).p_accept)
-        stats.assert_mean(accepted, expected, f"{method} valid={valid} accept rate")
+    fn = getattr(verify, method)
+    tokens, accepted, _ = _sample(
+      lambda key, d, p, q, fn=fn, valid_K=valid_K: fn(key, d, p, q, valid_K=valid_K),
+      p_V,
+      q_V,
+      4,
+    )
+    k = sum(valid)
+    stats.assert_law(np.bincount(tokens, minlength=5), q, f"{method} valid={valid}")
+    if k == 0:
+      assert not accepted.any()
+    elif method == "kseq":
+      expected = float(acceptance.kseq_acceptance(p_V, q_V, k).p_accept)
+      stats.assert_mean(accepted, expected, f"{method} valid={valid} accept rate")
 
 
 def test_kseq_fixed_rho_sweep_does_not_recompile():
@@ -161,6 +168,7 @@ def test_kseq_fixed_rho_sweep_does_not_recompile():
   assert verify._verify_position._cache_size() == before
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("method", ["kseq-star", "specinfer"])
 def test_large_vocabulary(method):
   """V = 32k, k = 8, LLM-like correlated pairs, binned into 64 bins of equal q-mass."""
@@ -275,8 +283,15 @@ BLOCK_METHODS = {
 }
 
 
-@pytest.mark.parametrize("draft_len", [1, 2])
-@pytest.mark.parametrize("name", sorted(BLOCK_METHODS))
+# Every method at L = 2 in the fast tier, L = 1 too with --runslow.
+@pytest.mark.parametrize(
+  "name, draft_len",
+  [
+    pytest.param(n, length, marks=pytest.mark.slow if length == 1 else ())
+    for n in sorted(BLOCK_METHODS)
+    for length in (1, 2)
+  ],
+)
 def test_block_sequence_law_and_length(name, draft_len):
   method, rho, num_drafts, law_fn = BLOCK_METHODS[name]
   p_tab, q_tab = _prefix_tables(draft_len, draft_len)
