@@ -1,0 +1,105 @@
+"""How many distinct draft prefixes K i.i.d. draft paths have: what a token tree saves.
+
+A SpecTr round scores K x (L + 1) target positions, one tail per draft, even where drafts
+share prefixes. A token tree scores each distinct prefix once: the root (the pending
+token) plus one position per distinct node (a prefix of length 1..L of some path). This
+script samples K paths of L tokens from a draft at temperature 1 and counts the distinct
+nodes, on the embedded pair's draft (held-out prompts) and on two synthetic bigram drafts
+(V = 1024, logits scale * N(0, 1): "peaked" scale 4, "flat" scale 1).
+
+Prints one markdown row per (draft, K, L): draft tokens K L, distinct nodes (mean and
+10th-90th percentiles over rounds), target positions of tails K (L + 1) and of a tree
+(distinct + 1), and their ratio.
+
+Usage: PYTHONPATH=$PWD python scripts/tree_nodes.py [--draft_dir DIR] [--rounds 200]
+  [--shapes 4:4,8:4,8:8] [--seed 0]
+"""
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spectr_jax import data, pairs
+from spectr_jax.config import PairConfig
+
+
+def distinct_nodes(paths_RxKxL: np.ndarray) -> np.ndarray:
+  """Distinct prefixes of length 1..L among each round's K paths, shape [R]."""
+  rounds, _, length = paths_RxKxL.shape
+  out = np.zeros(rounds, np.int64)
+  for r in range(rounds):
+    for t in range(1, length + 1):
+      out[r] += len(np.unique(paths_RxKxL[r, :, :t], axis=0))
+  return out
+
+
+def model_paths(draft, prompts, num_drafts: int, draft_len: int, key) -> np.ndarray:
+  """K paths of L tokens per prompt from the draft (full causal forward per step)."""
+  tokens_BxP, lengths_B = np.asarray(prompts.tokens_BxP), np.asarray(prompts.lengths_B)
+  batch, width = tokens_BxP.shape
+  seq = np.zeros((batch * num_drafts, width + draft_len), np.int32)
+  seq[:, :width] = np.repeat(tokens_BxP, num_drafts, axis=0)
+  ends = np.repeat(lengths_B, num_drafts)
+  rows = np.arange(len(seq))
+  forward = jax.jit(draft.decoder.logits)
+  for t in range(draft_len):
+    key, step = jax.random.split(key)
+    logits = forward(draft.params, jnp.asarray(seq))[rows, ends + t - 1]
+    token = np.asarray(jax.random.categorical(step, logits))
+    seq[rows, ends + t] = token
+  paths = seq[rows[:, None], ends[:, None] + np.arange(draft_len)]
+  return paths.reshape(batch, num_drafts, draft_len)
+
+
+def bigram_paths(scale: float, rounds: int, num_drafts: int, draft_len: int, seed: int):
+  """K paths of L tokens per round from a random bigram draft with logits scale * N(0, 1)."""
+  rng = np.random.default_rng(seed)
+  vocab = 1024
+  logits = scale * rng.standard_normal((vocab, vocab))
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  cdf = np.cumsum(probs / probs.sum(-1, keepdims=True), -1)
+  last = np.repeat(rng.integers(vocab, size=rounds), num_drafts)
+  paths = np.zeros((rounds * num_drafts, draft_len), np.int64)
+  for t in range(draft_len):
+    u = rng.random(len(last))
+    last = np.minimum((cdf[last] < u[:, None]).sum(-1), vocab - 1)
+    paths[:, t] = last
+  return paths.reshape(rounds, num_drafts, draft_len)
+
+
+def row(name: str, paths_RxKxL: np.ndarray) -> str:
+  _, k, length = paths_RxKxL.shape
+  nodes = distinct_nodes(paths_RxKxL)
+  tails, tree = k * (length + 1), nodes.mean() + 1
+  p10, p90 = np.percentile(nodes, [10, 90])
+  return (
+    f"| {name} | {k} | {length} | {k * length} | {nodes.mean():.1f} [{p10:.0f}, {p90:.0f}] "
+    f"| {tails} | {tree:.1f} | {tree / tails:.2f} |"
+  )
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--draft_dir", default="draft-distill-runlocal", help="under $SPECTR_WORKDIR")
+  parser.add_argument("--target_dir", default="target", help="under $SPECTR_WORKDIR")
+  parser.add_argument("--rounds", type=int, default=200, help="prompts (rounds) per row")
+  parser.add_argument("--shapes", default="4:4,8:4,8:8", help="K:L,...")
+  parser.add_argument("--seed", type=int, default=0)
+  args = parser.parse_args()
+  shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
+  pair = pairs.load_pair(PairConfig("trained", args.draft_dir, args.target_dir))
+  prompts = data.make_prompts(pair.heldout, args.rounds, 8, args.seed, pair.special)
+  print("| draft | K | L | draft tokens K L | distinct nodes [p10, p90] | target positions, "
+        "tails K (L + 1) | tree (nodes + 1) | tree / tails |")  # fmt: skip
+  print("|---|---|---|---|---|---|---|---|")
+  for k, length in shapes:
+    key = jax.random.key(args.seed)
+    print(row("embedded (distilled)", model_paths(pair.draft, prompts, k, length, key)))
+    for name, scale in (("bigram peaked (4)", 4.0), ("bigram flat (1)", 1.0)):
+      print(row(name, bigram_paths(scale, args.rounds, k, length, args.seed)), flush=True)
+
+
+if __name__ == "__main__":
+  main()
