@@ -81,11 +81,11 @@ def _residual_share(out, draft_len):
 
 
 _slow = pytest.mark.slow
-# The fast tier decodes one case of each kind of round (no draft, one draft, K drafts);
-# every method's law through the engine, at two draft lengths, is in the slow tier (CI).
+# The fast tier checks the law of one K-draft round (K-SEQ); every method's law through
+# the engine, at two draft lengths, is in the slow tier (CI).
 CASES = [
-  ("autoregressive", 1, 0),
-  ("sd", 1, 1),
+  pytest.param("autoregressive", 1, 0, marks=_slow),
+  pytest.param("sd", 1, 1, marks=_slow),
   pytest.param("sd", 1, 2, marks=_slow),
   ("kseq", 3, 1),
   pytest.param("kseq", 3, 2, marks=_slow),
@@ -188,9 +188,9 @@ def greedy_target(models):
   "method, num_drafts, draft_len",
   [
     ("kseq", 3, 3),
-    ("sd", 1, 2),
+    pytest.param("sd", 1, 2, marks=_slow),
     pytest.param("block", 1, 3, marks=_slow),
-    ("gbv", 3, 2),
+    pytest.param("gbv", 3, 2, marks=_slow),
     pytest.param("rrs", 3, 2, marks=_slow),
     pytest.param("gbv_tp", 3, 2, marks=_slow),
   ],
@@ -270,6 +270,7 @@ def test_an_invalid_fixed_rho_is_counted_and_exact_rules_never(models):
     assert (overshoot > verified * methods.OVERSHOOT_TOL) == invalid, (rho, overshoot)
 
 
+@pytest.mark.slow
 def test_row_randomness_is_per_prompt(models):
   """A prompt's output does not depend on the batch it is decoded in."""
   draft, target = models

@@ -252,6 +252,7 @@ def test_damaged_middle_line_is_an_error_naming_file_and_line(tmp_path):
     results.load_results(tmp_path)
 
 
+@pytest.mark.slow
 def test_run_cell_does_not_depend_on_batching(pair):
   settings = DecodeSettings(1.0, 0, 1.0, 5, 4, 6, False)
   cell = experiment.Cell("sd", 1, 2, None, 3, settings, pair.fingerprint)

@@ -129,6 +129,7 @@ def _jax_plan(p, q, k, num_cuts=8, dtype=jnp.float64):
   return jax.tree.map(np.asarray, plan)
 
 
+@pytest.mark.slow
 def test_jax_float64_enumeration():
   """The JAX construction in float64: law of Z = r, output = q, hit = accept = alpha*."""
   with jax.enable_x64(True):
@@ -344,6 +345,7 @@ def test_one_valid_draft_is_speculative_sampling(vocab):
   stats.assert_rejects(*_binned(tokens_q, q_V, num_bins), f"{what}: residual = q")
 
 
+@pytest.mark.slow
 def test_select_draft_builds_the_plan_only_for_two_or_more():
   """`select_draft` = `select` on the plan and its r where k >= 2 (vmapped over rows of
   different k, so the plan's loop runs for some rows only); the only valid draft and

@@ -86,11 +86,12 @@ PUBLIC = {
 }
 
 
-# The edge cases in the fast tier, the random Dirichlet pairs with --runslow.
+# The edge cases of rho* and SpecInfer in the fast tier; rho = K and the random Dirichlet
+# pairs with --runslow.
 @pytest.mark.parametrize(
   "method, case",
   [
-    pytest.param(m, c, marks=pytest.mark.slow if c.startswith("dirichlet") else ())
+    pytest.param(m, c, marks=pytest.mark.slow if c.startswith("dirichlet") or m == "kseq-k" else ())
     for c in sorted(CASES)
     for m in sorted(PUBLIC)
   ],
@@ -110,7 +111,15 @@ def test_output_law_is_q(method, case):
   stats.assert_mean(accepted, expected_accept, f"{method} {case} accept rate")
 
 
-@pytest.mark.parametrize("case", ["dirichlet-v6-k1", "spec-example", "one-hot-p", "tiny-mass"])
+@pytest.mark.parametrize(
+  "case",
+  [
+    pytest.param("dirichlet-v6-k1", marks=pytest.mark.slow),
+    "spec-example",
+    "one-hot-p",
+    pytest.param("tiny-mass", marks=pytest.mark.slow),
+  ],
+)
 def test_single_draft_and_kseq_with_one_draft(case):
   (p, q), _ = CASES[case]
   p_V, q_V = _f32(p), _f32(q)
@@ -283,11 +292,11 @@ BLOCK_METHODS = {
 }
 
 
-# Every method at L = 2 in the fast tier, L = 1 too with --runslow.
+# Every method but rho = K at L = 2 in the fast tier; L = 1 and rho = K with --runslow.
 @pytest.mark.parametrize(
   "name, draft_len",
   [
-    pytest.param(n, length, marks=pytest.mark.slow if length == 1 else ())
+    pytest.param(n, length, marks=pytest.mark.slow if length == 1 or n == "kseq-k" else ())
     for n in sorted(BLOCK_METHODS)
     for length in (1, 2)
   ],

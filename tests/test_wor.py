@@ -414,7 +414,7 @@ def _expected_num_tokens(p_tab, q_tab, num_drafts, draft_len):
 
 _SEQ = [
   pytest.param(1, False, id="L1", marks=pytest.mark.slow),
-  pytest.param(2, False, id="L2"),
+  pytest.param(2, False, id="L2", marks=pytest.mark.slow),
   pytest.param(2, True, id="L2-sparse"),
   pytest.param(3, False, id="L3", marks=pytest.mark.slow),
 ]
