@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import engine, methods, rounds, sampling, sharding
+from spectr_jax import engine, methods, sampling, sharding
 from spectr_jax.models import ModelBundle, commit, get_model_config, init_params
+from spectr_jax.models.protocol import TransformerDecoder
 from tests import stats
 
 V = 4
@@ -149,12 +150,13 @@ def test_engine_fixed_rho_and_rho_k(models):
 def test_engine_rejects_broken_rollback(models, monkeypatch):
   """An engine that keeps the rejected draft tokens in its caches must be caught."""
 
-  def no_rollback(cache, tail_B, num_B):
+  def no_rollback(self, cache, tail_B, num_B):
+    del self
     return commit(cache, tail_B, jnp.where(num_B > 0, cache.R, 0))
 
   draft, target = models
   engine.compiled_program.cache_clear()
-  monkeypatch.setattr(rounds, "commit", no_rollback)
+  monkeypatch.setattr(TransformerDecoder, "commit", no_rollback)  # the decoders' commit
   try:
     out = _generate(draft, target, "kseq", 3, 2, 4)
   finally:

@@ -15,9 +15,10 @@ import pytest
 
 from configs import draft as draft_config
 from configs import target as target_config
-from spectr_jax import data, engine, rounds, runs, train
+from spectr_jax import data, engine, runs, train
 from spectr_jax.config import TrainConfig
 from spectr_jax.models import reset_tails
+from spectr_jax.models.protocol import TransformerDecoder
 from tests import stats
 
 NUM_PROMPTS = 1024
@@ -97,12 +98,12 @@ def test_spectr_samples_as_likely_as_autoregressive(pair, monkeypatch):
     assert float(out.stats.block_efficiency) > 1.2
     stats.assert_same_mean(logp, reference, f"{method} K={k} L={n} vs autoregressive")
 
-  def stale_cache(cache, tail_B, num_B):
-    del tail_B, num_B
+  def stale_cache(self, cache, tail_B, num_B):
+    del self, tail_B, num_B
     return reset_tails(cache)
 
   engine.compiled_program.cache_clear()
-  monkeypatch.setattr(rounds, "commit", stale_cache)
+  monkeypatch.setattr(TransformerDecoder, "commit", stale_cache)  # the decoders' commit
   try:
     broken, _ = _sample(pair, "kseq", 1, num_drafts=4, draft_len=4)
   finally:
