@@ -1,7 +1,9 @@
-"""Attention of one layer: the causal forward and the tails against a cached prefix.
+"""Attention of one layer: the causal forward, the tails against a cached prefix, and a
+token tree against a cached prefix (with `ancestor_mask`, the tree's visibility mask).
 
 Letters beyond the package legend: Hk key/value heads, G = H // Hk query heads per
-key/value head, Dh head width, R tail capacity, X any leading shape.
+key/value head, Dh head width, R tail capacity (the node slots of a tree), X any leading
+shape; in the tree functions N is the number of tree nodes (not layers).
 """
 
 import jax
@@ -118,3 +120,103 @@ def tails(
   o_BxKxTxHkxGxDh = jnp.einsum("bktngs,bsnd->bktngd", p[..., :s], prefix_v_BxSxHkxDh)
   o_BxKxTxHkxGxDh += jnp.einsum("bktngr,bkrnd->bktngd", p[..., s:], tail_v_BxKxRxHkxDh)
   return o_BxKxTxHkxGxDh.reshape(b, k, t, h, dh)
+
+
+def ancestor_mask(parent_BxN: jax.Array) -> jax.Array:
+  """Which nodes of a token tree each node sees: itself and every ancestor.
+
+  Built by pointer doubling: after step k the mask holds the ancestors at distances
+  below 2^(k + 1) and `jump` the 2^(k + 1)-th ancestor, so ceil(log2 N) steps of
+  `take_along_axis` cover the deepest possible chain (N - 1 edges); shapes are static and
+  nothing loops over N. Node order is free (a parent may come after its child).
+
+  Args:
+    parent_BxN: int, the parent node of each node in [0, N), or -1 for a node with no
+      parent node (a child of the cached prefix: a root). Must describe a forest (no
+      cycles); padding nodes are roots nobody points at.
+
+  Returns:
+    visible_BxNxN, bool: visible[b, i, j] is True iff node j is node i or an ancestor of
+    node i.
+  """
+  b, n = parent_BxN.shape
+  visible_BxNxN = jnp.broadcast_to(jnp.eye(n, dtype=bool), (b, n, n))
+  jump_BxN = parent_BxN.astype(jnp.int32)  # the 2^k-th ancestor, -1 past a root
+  for _ in range(max(n - 1, 0).bit_length()):  # ceil(log2 N) steps
+    has_BxN = jump_BxN >= 0
+    at_BxN = jnp.maximum(jump_BxN, 0)
+    # Row jump[i] of the mask: the ancestors of i at distances 2^k .. 2^(k + 1) - 1.
+    rows_BxNxN = jnp.take_along_axis(
+      visible_BxNxN, jnp.broadcast_to(at_BxN[:, :, None], (b, n, n)), axis=1
+    )
+    visible_BxNxN = visible_BxNxN | (rows_BxNxN & has_BxN[:, :, None])
+    jump_BxN = jnp.where(has_BxN, jnp.take_along_axis(jump_BxN, at_BxN, axis=1), -1)
+  return visible_BxNxN
+
+
+def tree(
+  q_BxNxHxDh: jax.Array,
+  prefix_k_BxSxHkxDh: jax.Array,
+  prefix_v_BxSxHkxDh: jax.Array,
+  prefix_len_B: jax.Array,
+  node_k_BxRxHkxDh: jax.Array,
+  node_v_BxRxHkxDh: jax.Array,
+  visible_BxNxR: jax.Array,
+  pos_BxN: jax.Array,
+  node_pos_BxR: jax.Array,
+  *,
+  window: int | None,
+  softcap: float | None,
+) -> jax.Array:
+  """Attention of the N nodes of a token tree to their row's prefix and their ancestors.
+
+  Scores against the prefix are one einsum per row over all N queries (the prefix is
+  never copied); scores against the node slots are another; one softmax covers both.
+
+  Args:
+    q_BxNxHxDh: queries of the nodes (already rotated).
+    prefix_k_BxSxHkxDh: prefix keys; prefix_v_BxSxHkxDh: prefix values.
+    prefix_len_B: valid prefix entries of each row.
+    node_k_BxRxHkxDh: keys of the node slots, including the new ones; node_v_BxRxHkxDh:
+      their values.
+    visible_BxNxR: bool, node i sees slot j (j is i or an ancestor of i); must hold the
+      diagonal (a node sees its own key), False for slots no node fills.
+    pos_BxN: the absolute position of each query node.
+    node_pos_BxR: the absolute position of each node slot (read only with a window).
+    window: with a sliding window, a query at position q sees keys at k > q - window only
+      (a prefix key's position is its index).
+    softcap: the soft-cap of the scores, or None.
+
+  Returns:
+    o_BxNxHxDh, the attention output.
+  """
+  b, n, h, dh = q_BxNxHxDh.shape
+  s = prefix_k_BxSxHkxDh.shape[1]
+  q_BxNxHkxGxDh = _group(q_BxNxHxDh, prefix_k_BxSxHkxDh.shape[2])
+  f32 = jnp.float32
+  s_pre_BxNxHkxGxS = jnp.einsum(
+    "bingd,bsnd->bings", q_BxNxHkxGxDh, prefix_k_BxSxHkxDh, preferred_element_type=f32
+  )
+  s_node_BxNxHkxGxR = jnp.einsum(
+    "bingd,brnd->bingr", q_BxNxHkxGxDh, node_k_BxRxHkxDh, preferred_element_type=f32
+  )
+  s_pre_BxNxHkxGxS = layers.softcap(s_pre_BxNxHkxGxS, softcap)
+  s_node_BxNxHkxGxR = layers.softcap(s_node_BxNxHkxGxR, softcap)
+  # N broadcasts (size 1) unless a sliding window makes the prefix mask query-dependent.
+  pre_mask_BxNxS = (jnp.arange(s) < prefix_len_B[:, None])[:, None, :]
+  node_mask_BxNxR = visible_BxNxR
+  if window is not None:
+    pos_BxNx1 = pos_BxN[:, :, None]
+    pre_mask_BxNxS = pre_mask_BxNxS & (pos_BxNx1 - jnp.arange(s) < window)
+    node_mask_BxNxR = node_mask_BxNxR & (pos_BxNx1 - node_pos_BxR[:, None, :] < window)
+  scores = jnp.concatenate(
+    [
+      jnp.where(pre_mask_BxNxS[:, :, None, None, :], s_pre_BxNxHkxGxS, _MASKED),
+      jnp.where(node_mask_BxNxR[:, :, None, None, :], s_node_BxNxHkxGxR, _MASKED),
+    ],
+    axis=-1,
+  )
+  p = jax.nn.softmax(scores, axis=-1).astype(prefix_v_BxSxHkxDh.dtype)
+  o_BxNxHkxGxDh = jnp.einsum("bings,bsnd->bingd", p[..., :s], prefix_v_BxSxHkxDh)
+  o_BxNxHkxGxDh += jnp.einsum("bingr,brnd->bingd", p[..., s:], node_v_BxRxHkxDh)
+  return o_BxNxHkxGxDh.reshape(b, n, h, dh)

@@ -1,6 +1,7 @@
 """The speculative-decoding KV cache: one shared prefix per prompt plus K small tails.
 
-Letters beyond the package legend: Hk key/value heads, Dh head width, R tail capacity.
+Letters beyond the package legend: Hk key/value heads, Dh head width, R tail capacity;
+in `commit_nodes` W is the width of the committed window of node slots.
 The layout, the position arithmetic and the headroom rule are described in docs/CACHE.md.
 """
 
@@ -114,6 +115,45 @@ def commit(cache: KVCache, tail_idx_B: jax.Array, num_B: jax.Array) -> KVCache:
   return cache.replace(
     prefix_k=append(cache.prefix_k, cache.tail_k, tail_idx_B, cache.prefix_len),
     prefix_v=append(cache.prefix_v, cache.tail_v, tail_idx_B, cache.prefix_len),
+    prefix_len=prefix_len,
+    tail_len=jnp.zeros_like(cache.tail_len),
+  )
+
+
+def commit_nodes(cache: KVCache, slots_BxW: jax.Array, num_B: jax.Array) -> KVCache:
+  """Appends node slots `slots_BxW[b, :num_B[b]]` of tail 0 to each row's prefix.
+
+  After `Transformer.extend_tree`, tail 0 holds a token tree's nodes (docs/CACHE.md,
+  "Token trees"); the accepted path is a list of node slots from a root (depth 0) down,
+  so its j-th node's keys were computed at position prefix_len[b] + j, where it lands.
+  Each row gathers its W slots and scatters them to prefix positions
+  `prefix_len[b] + [0, W)`: entries past `num_B[b]` land beyond the new length and are
+  never attended, positions at or past S are dropped (as in `commit`). The cost is
+  O(B * W) per layer, independent of S and R.
+
+  Args:
+    cache: the cache after `extend_tree`.
+    slots_BxW: int node slots in [0, R), a root-to-node path in depth order; entries
+      past num_B[b] are ignored (any value in [-R, R)).
+    num_B: int, how many of them to keep (0..W); `prefix_len + num_B` must not exceed S
+      (the prefix length is clamped to S, and overflowing tokens are lost).
+
+  Returns:
+    The cache with the longer prefix and all tails emptied.
+  """
+  w = slots_BxW.shape[1]
+
+  def _append_row(prefix_SxHkxDh, tail_KxRxHkxDh, slots_W, start):
+    pos_W = start + jnp.arange(w)
+    return prefix_SxHkxDh.at[pos_W].set(tail_KxRxHkxDh[0, slots_W], mode="drop")
+
+  # vmap over rows inside vmap over layers: the scatter keeps the N x B x S layout.
+  append = jax.vmap(jax.vmap(_append_row), in_axes=(0, 0, None, None))
+  slots_BxW = slots_BxW.astype(jnp.int32)
+  prefix_len = jnp.minimum(cache.prefix_len + num_B.astype(jnp.int32), cache.S)
+  return cache.replace(
+    prefix_k=append(cache.prefix_k, cache.tail_k, slots_BxW, cache.prefix_len),
+    prefix_v=append(cache.prefix_v, cache.tail_v, slots_BxW, cache.prefix_len),
     prefix_len=prefix_len,
     tail_len=jnp.zeros_like(cache.tail_len),
   )

@@ -3,7 +3,9 @@
 A `Decoder` is static (hashable, no arrays: it lives in the engine's static `DecodeSpec`
 and crosses jit as a static argument); parameters and caches are passed in and returned.
 `decoder(config)` gives the decoder of a config, whatever its family: the round never
-names a model class. `extend` is the drafting seam's call (`spectr_jax.drafting`).
+names a model class. `extend` is the drafting seam's call (`spectr_jax.drafting`);
+`extend_tree` and `commit_nodes` score and keep a token tree (docs/CACHE.md, "Token
+trees"; there N is the number of tree nodes).
 """
 
 import dataclasses
@@ -68,6 +70,26 @@ class Decoder(Protocol):
   def commit(self, cache: KVCache, tail_B: jax.Array, num_B: jax.Array) -> KVCache:
     """Appends the first num_B[b] entries of tail tail_B[b] to each row's prefix."""
 
+  def extend_tree(
+    self,
+    params: Any,
+    tokens_BxN: jax.Array,
+    depth_BxN: jax.Array,
+    visible_BxNxN: jax.Array,
+    cache: KVCache,
+  ) -> tuple[jax.Array, KVCache]:
+    """Scores a token tree of N nodes per row in one call: (logits_BxNxV, cache).
+
+    Node i sits at position prefix_len + depth_BxN[:, i] and attends to the prefix and
+    to the nodes visible_BxNxN[:, i] marks (itself and its ancestors:
+    `models.ancestor_mask(parent_BxN)`), so its logits are those of the causal forward
+    of the prefix plus its root-to-node path; its keys and values go to slot i of tail 0
+    (the cache needs R >= N tail slots; no length moves)."""
+
+  def commit_nodes(self, cache: KVCache, slots_BxW: jax.Array, num_B: jax.Array) -> KVCache:
+    """Appends node slots slots_BxW[b, :num_B[b]] of tail 0 (a root-to-node path after
+    `extend_tree`, in depth order) to each row's prefix; empties the tails."""
+
   def logits(self, params: Any, tokens_BxT: jax.Array) -> jax.Array:
     """The causal forward of whole sequences: logits_BxTxV, float32."""
 
@@ -126,6 +148,26 @@ class TransformerDecoder:
 
   def commit(self, cache: KVCache, tail_B: jax.Array, num_B: jax.Array) -> KVCache:
     return cache_lib.commit(cache, tail_B, num_B)
+
+  def extend_tree(
+    self,
+    params: Any,
+    tokens_BxN: jax.Array,
+    depth_BxN: jax.Array,
+    visible_BxNxN: jax.Array,
+    cache: KVCache,
+  ) -> tuple[jax.Array, KVCache]:
+    return self.module.apply(
+      {"params": params},
+      tokens_BxN,
+      depth_BxN,
+      visible_BxNxN,
+      cache,
+      method=Transformer.extend_tree,
+    )
+
+  def commit_nodes(self, cache: KVCache, slots_BxW: jax.Array, num_B: jax.Array) -> KVCache:
+    return cache_lib.commit_nodes(cache, slots_BxW, num_B)
 
   def logits(self, params: Any, tokens_BxT: jax.Array) -> jax.Array:
     return self.module.apply({"params": params}, tokens_BxT)

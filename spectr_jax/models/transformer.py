@@ -6,7 +6,8 @@ the shared attention and MLP), its final norm and its logits transform; the outp
 (the tied embedding or `out_embedding`, restricted to output_vocab_size) is common.
 
 Letters beyond the package legend: Hk key/value heads, G = H // Hk query heads per
-key/value head, Dh head width, F MLP width, R tail capacity, X any leading shape.
+key/value head, Dh head width, F MLP width, R tail capacity, X any leading shape; in
+`extend_tree` N is the number of tree nodes (the layers are the cache's leading axis).
 
 The KV cache is an explicit pytree (`KVCache`) passed in and returned, never a mutable
 flax collection, so every method is a pure function of (params, inputs, cache).
@@ -184,3 +185,73 @@ class Transformer(nn.Module):
       x_BxKxD = jnp.take_along_axis(x_BxKxTxD, at_BxKx1x1, axis=2)[:, :, 0]
       return self._logits(x_BxKxD), cache
     return self._logits(x_BxKxTxD), cache
+
+  def extend_tree(
+    self,
+    tokens_BxN: jax.Array,
+    depth_BxN: jax.Array,
+    visible_BxNxN: jax.Array,
+    cache: KVCache,
+  ) -> tuple[jax.Array, KVCache]:
+    """Scores a token tree of N nodes per row in one call (docs/CACHE.md, "Token trees").
+
+    Node i of row b sits at position prefix_len[b] + depth_BxN[b, i] and attends to the
+    row's prefix and to the nodes visible_BxNxN[b, i] marks (its ancestors and itself):
+    its logits are those of the causal forward of the prefix followed by the path from
+    its root to it. The node region is tail 0 of the cache: node i's keys and values go
+    to slot i of tail 0; slots N..R-1 and the other tails are not touched, and no length
+    moves (`commit_nodes` appends a path to the prefix).
+
+    Args:
+      tokens_BxN: int token ids of the nodes; any order (a parent may follow its child).
+      depth_BxN: int, each node's depth: 0 for a child of the prefix (the first token
+        after it), its parent's depth + 1 otherwise.
+      visible_BxNxN: bool, node i sees node j; must hold the diagonal and, for the
+        causal forward of each path, exactly the ancestors (`attention.ancestor_mask`).
+        Padding nodes are ones no real node sees.
+      cache: the cache; its tails hold R >= N slots (one tail suffices).
+
+    Returns:
+      logits_BxNxV (arbitrary at padding nodes) and the cache with the nodes' keys and
+      values in slots [0, N) of tail 0.
+    """
+    b, n = tokens_BxN.shape
+    if b != cache.B:
+      raise ValueError(f"tokens are {b} rows, the cache {cache.B}")
+    if n > cache.R:
+      raise ValueError(f"a tree of {n} nodes does not fit the cache's R={cache.R} tail slots")
+    if visible_BxNxN.shape != (b, n, n):
+      raise ValueError(f"visible_BxNxN is {visible_BxNxN.shape}, expected {(b, n, n)}")
+    pos_BxN = cache.prefix_len[:, None] + depth_BxN.astype(jnp.int32)
+    # Slots past the tree are never visible (and their positions never read).
+    visible_BxNxR = jnp.pad(visible_BxNxN.astype(bool), ((0, 0), (0, 0), (0, cache.R - n)))
+    node_pos_BxR = jnp.pad(pos_BxN, ((0, 0), (0, cache.R - n)))
+    x_BxNxD = self._embed(tokens_BxN, pos_BxN)
+    # Each layer's nodes go straight into tail 0 of the stacked tails (as in `extend`).
+    tail_k_all, tail_v_all = cache.tail_k, cache.tail_v
+    for layer, block in enumerate(self.blocks):
+
+      def attend(q, k_new, v_new, *, window, softcap, layer=layer,
+                 old_k=tail_k_all[layer, :, 0], old_v=tail_v_all[layer, :, 0]):  # fmt: skip
+        node_k = old_k.at[:, :n].set(k_new.astype(old_k.dtype))
+        node_v = old_v.at[:, :n].set(v_new.astype(old_v.dtype))
+        o = attention.tree(
+          q,
+          cache.prefix_k[layer],
+          cache.prefix_v[layer],
+          cache.prefix_len,
+          node_k,
+          node_v,
+          visible_BxNxR,
+          pos_BxN,
+          node_pos_BxR,
+          window=window,
+          softcap=softcap,
+        )
+        return o, (node_k, node_v)
+
+      x_BxNxD, (node_k, node_v) = block(x_BxNxD, pos_BxN, attend)
+      tail_k_all = tail_k_all.at[layer, :, 0].set(node_k)
+      tail_v_all = tail_v_all.at[layer, :, 0].set(node_v)
+    cache = cache.replace(tail_k=tail_k_all, tail_v=tail_v_all)
+    return self._logits(x_BxNxD), cache
