@@ -124,7 +124,8 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
     drafts, p, _, _ = draft_fn(draft_params, state.draft_cache, state, keys)
 
   def score(params, cache, drafts):
-    q, cache, _ = rounds.score(spec, params, cache, state.last_B, drafts, traced)
+    scored = rounds.score(spec, params, cache, state.last_B, drafts, traced)
+    q, cache = scored.q_BxKxL1xV, scored.cache
     return q, reset_tails(cache)
 
   def target_step(params, carry):

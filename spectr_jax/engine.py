@@ -213,6 +213,7 @@ def generate(
   rho="star",
   prompt_ids: jax.Array | None = None,
   mesh: jax.sharding.Mesh | None = None,
+  tree: bool = False,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with speculative decoding (or autoregressively).
 
@@ -238,6 +239,9 @@ def generate(
       padded to a multiple of its size), parameters and caches over "model" by
       `sharding.RULES`; it may span processes (every process passes the same inputs and
       gets the whole output).
+    tree: score each round's drafts as their deduplicated token tree (one target
+      position per distinct prefix, `spectr_jax.tree`) instead of K tails: the same
+      output law for every method, fewer target positions when drafts share prefixes.
 
   Returns:
     `GenerateOutput(tokens_BxT, lengths_B, stats)`.
@@ -260,7 +264,7 @@ def lower(key: jax.Array, **kwargs) -> jax.stages.Lowered:
 
 def _prepare(
   key, *, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
-  max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids, mesh,
+  max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids, mesh, tree,
 ):  # fmt: skip
   """Checks the inputs of `generate`; returns its program, the placed arguments and B."""
   if not methods.get(method).speculative:
@@ -271,6 +275,8 @@ def _prepare(
     raise ValueError(
       f"the mesh needs a {DATA_AXIS!r} axis (sharding.make_mesh), got axes {mesh.axis_names}"
     )
+  if not isinstance(tree, bool):
+    raise ValueError(f"tree must be True or False, got {tree!r}")
   rho_mode, rho_value = acceptance.split_rho(rho)
   if not methods.get(method).takes_rho:  # not part of the program: one compile for any rho
     rho_mode, rho_value = "", jnp.float32(0.0)
@@ -284,6 +290,7 @@ def _prepare(
     rho_mode=rho_mode,
     draft_config=None if draft_len == 0 else draft.config,
     target_config=target.config,
+    tree=tree,
   )
   traced = Traced(
     temperature=jnp.float32(temperature),

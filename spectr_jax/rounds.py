@@ -2,12 +2,13 @@
 
 A round, for every row of the batch at once: `draft` (K sequences of L tokens from the
 draft model under `lax.scan`, keeping the distributions p), `score` (one target call on
-all K x (L + 1) positions, giving q), `verify_rows` (the block walk of `verify.walk` per
-row) and the commit of the accepted tokens to both caches (`step` runs all of them).
+all K x (L + 1) positions, or on the distinct prefixes of their token tree, giving q),
+`verify_rows` (the block walk of `verify.walk` per row) and the commit of the accepted
+tokens to both caches (`run_round` runs all of them).
 `init_state` prefills the caches. Everything here runs inside the engine's jitted
 `lax.while_loop`; `DecodeSpec` is static, `Traced` holds the traced settings. The models
 are reached through the decoder protocol only (`spectr_jax.models.decoder`: init_cache,
-prefill, extend, commit), whatever their family.
+prefill, extend or extend_tree, commit or commit_nodes), whatever their family.
 """
 
 import dataclasses
@@ -18,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from spectr_jax import methods, sampling, sharding, verify
-from spectr_jax.models import Decoder, KVCache, ModelConfig, decoder
+from spectr_jax import methods, sampling, sharding, tree, verify
+from spectr_jax.models import Decoder, KVCache, ModelConfig, ancestor_mask, decoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,13 @@ class DecodeSpec:
   rho_mode: str
   draft_config: ModelConfig | None
   target_config: ModelConfig
+  tree: bool = False
+
+  @property
+  def scores_tree(self) -> bool:
+    """Whether the target scores the round's deduplicated token tree (`spectr_jax.tree`)
+    instead of K tails (only rounds with drafts have a tree)."""
+    return self.tree and self.draft_len > 0
 
   @property
   def round_width(self) -> int:
@@ -69,6 +77,10 @@ class DecodeStats:
   overshoot_BxL1: sum over rounds of that overshoot mass at t.
   nonfinite_B: rounds stopped by non-finite draft or target logits (the row ends there).
   nonfinite_draft_B: ... of which the draft's logits were non-finite (else the target's).
+  nodes_B: distinct draft prefixes the target scored, summed over rounds (K * (L + 1)
+    per round for tails; the nodes of the round's token tree with `tree`).
+  positions_B: target positions computed, summed over rounds (K * (L + 1) for tails; the
+    compiled tree size a round used with `tree`).
   """
 
   rounds_B: jax.Array
@@ -83,6 +95,8 @@ class DecodeStats:
   overshoot_BxL1: jax.Array
   nonfinite_B: jax.Array
   nonfinite_draft_B: jax.Array
+  nodes_B: jax.Array
+  positions_B: jax.Array
 
   @property
   def block_efficiency(self) -> jax.Array:
@@ -157,14 +171,68 @@ def verify_rows(spec, key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced):
   return jax.vmap(walk)(key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV)
 
 
-def score(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Traced):
-  """One target call on `[last, d_1..d_L]` of every tail: (q_BxKxL1xV, cache, nonfinite_B)."""
-  b, k = drafts_BxKxL.shape[:2]
+class Scored(NamedTuple):
+  """The target's call of a round.
+
+  q_BxKxL1xV: the target's distributions after every path prefix (transformed).
+  cache: the target cache holding the scored entries.
+  nonfinite_B: rows with non-finite logits.
+  path_node_BxKxL1: with a tree, the node slot of path k at depth t (None for tails).
+  nodes_B: the distinct prefixes scored per row (K * (L + 1) for tails).
+  positions: the positions the call computed per row (the compiled tree size for trees).
+  """
+
+  q_BxKxL1xV: jax.Array
+  cache: KVCache
+  nonfinite_B: jax.Array
+  path_node_BxKxL1: jax.Array | None
+  nodes_B: jax.Array
+  positions: jax.Array
+
+
+def score(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Traced) -> Scored:
+  """One target call on `[last, d_1..d_L]` of every tail, or on the nodes of their tree."""
+  if spec.scores_tree:
+    return _score_tree(spec, target_params, cache, last_B, drafts_BxKxL, traced)
+  b, k, length = drafts_BxKxL.shape
   last_BxKx1 = jnp.broadcast_to(last_B[:, None, None], (b, k, 1))
   logits_BxKxL1xV, cache = spec.target.extend(
     target_params, jnp.concatenate([last_BxKx1, drafts_BxKxL], axis=2), cache
   )
-  return probs(spec, logits_BxKxL1xV, traced), cache, sampling.nonfinite_rows(logits_BxKxL1xV)
+  bad_B = sampling.nonfinite_rows(logits_BxKxL1xV)
+  positions = jnp.int32(k * (length + 1))
+  nodes_B = jnp.full((b,), positions)
+  return Scored(probs(spec, logits_BxKxL1xV, traced), cache, bad_B, None, nodes_B, positions)
+
+
+def _score_tree(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Traced):
+  """The target on each distinct prefix once: the tree's first n nodes, n the smallest
+  of `tree.node_buckets` that holds every row's tree (one compiled branch per size);
+  each path reads q from its nodes, so the verifiers see the tails' q."""
+  t = tree.from_paths(last_B, drafts_BxKxL)
+  sizes = tree.node_buckets(spec.num_drafts, spec.draft_len)
+
+  def branch(n):
+    def run(cache):
+      logits_BxNxV, cache = spec.target.extend_tree(
+        target_params,
+        t.tokens_BxN[:, :n],
+        t.depth_BxN[:, :n],
+        ancestor_mask(t.parent_BxN[:, :n]),
+        cache,
+      )
+      real_BxN = jnp.arange(n) < t.num_nodes_B[:, None]
+      bad_B = sampling.nonfinite_rows(jnp.where(real_BxN[..., None], logits_BxNxV, 0.0))
+      q_BxNxV = probs(spec, logits_BxNxV, traced)
+      q_BxKxL1xV = jax.vmap(lambda q_NxV, node_KxL1: q_NxV[node_KxL1])(q_BxNxV, t.path_node_BxKxL1)
+      return q_BxKxL1xV, cache, bad_B
+
+    return run
+
+  bucket = tree.bucket_index(t.num_nodes_B, sizes)
+  q_BxKxL1xV, cache, bad_B = jax.lax.switch(bucket, [branch(n) for n in sizes], cache)
+  positions = jnp.asarray(sizes, jnp.int32)[bucket]
+  return Scored(q_BxKxL1xV, cache, bad_B, t.path_node_BxKxL1, t.num_nodes_B, positions)
 
 
 class _Emitted(NamedTuple):
@@ -185,11 +253,11 @@ def _emit(spec, state: State, tokens_BxL1, num_B, bad_B, traced) -> _Emitted:
   return _Emitted(live_B, jnp.where(live_B, emit_B, 0), first_eos_B)
 
 
-def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, tokens_BxL1, num_B,
-            live_B):  # fmt: skip
+def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, path_node_BxKxL1,
+            tokens_BxL1, num_B, live_B):  # fmt: skip
   """Appends the accepted tokens of a surviving draft to both caches (any survivor: they
-  agree on the emitted tokens): (target_cache, draft_cache, last_B, pending_Bx2,
-  num_pending_B)."""
+  agree on the emitted tokens; with a tree, the target's entries are the survivor's
+  nodes): (target_cache, draft_cache, last_B, pending_Bx2, num_pending_B)."""
   w = spec.round_width
   agree_BxK = jnp.all(
     (drafts_BxKxL == tokens_BxL1[:, None, : spec.draft_len])
@@ -197,7 +265,12 @@ def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, tokens_
     axis=2,
   )
   tail_B = jnp.argmax(agree_BxK, axis=1)
-  target_cache = spec.target.commit(target_cache, tail_B, jnp.where(live_B, num_B, 0))
+  target_num_B = jnp.where(live_B, num_B, 0)
+  if path_node_BxKxL1 is None:
+    target_cache = spec.target.commit(target_cache, tail_B, target_num_B)
+  else:
+    slots_BxL1 = jnp.take_along_axis(path_node_BxKxL1, tail_B[:, None, None], axis=1)[:, 0]
+    target_cache = spec.target.commit_nodes(target_cache, slots_BxL1, target_num_B)
   last_B = jnp.where(
     live_B, jnp.take_along_axis(tokens_BxL1, (num_B - 1)[:, None], 1)[:, 0], state.last_B
   )
@@ -216,7 +289,7 @@ def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, tokens_
 
 
 def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, bad_B, draft_bad_B,
-           active_B):  # fmt: skip
+           active_B, scored: Scored):  # fmt: skip
   """The statistics after a round (see `DecodeStats`)."""
   live_B, emit_B = emitted.live_B, emitted.emit_B
   counted_BxL1 = live_B[:, None] & (jnp.arange(spec.round_width) < emit_B[:, None])
@@ -234,6 +307,8 @@ def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, ba
     overshoot_BxL1=s.overshoot_BxL1 + jnp.where(counted_BxL1, block.overshoot_L1, 0.0),
     nonfinite_B=s.nonfinite_B + (active_B & bad_B),
     nonfinite_draft_B=s.nonfinite_draft_B + (active_B & draft_bad_B),
+    nodes_B=s.nodes_B + jnp.where(live_B, scored.nodes_B, 0),
+    positions_B=s.positions_B + jnp.where(live_B, scored.positions, 0),
   )
 
 
@@ -267,9 +342,8 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
     drafts_BxKxL = jnp.zeros((b, k, 0), jnp.int32)
     p_BxKxLxV, draft_cache, bad_B = None, state.draft_cache, jnp.zeros((b,), bool)
   with jax.named_scope("score"):
-    q_BxKxL1xV, target_cache, target_bad_B = score(
-      spec, target_params, state.target_cache, state.last_B, drafts_BxKxL, traced
-    )
+    scored = score(spec, target_params, state.target_cache, state.last_B, drafts_BxKxL, traced)
+    q_BxKxL1xV, target_cache, target_bad_B = scored.q_BxKxL1xV, scored.cache, scored.nonfinite_B
   draft_bad_B = bad_B
   bad_B |= target_bad_B
   with jax.named_scope("verify"):
@@ -285,10 +359,18 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
     ended_B = emitted.live_B & (emitted.first_eos_B < emitted.emit_B)
     done_B = state.done_B | bad_B | ended_B | (num_out_B >= spec.max_new_tokens)
     target_cache, draft_cache, last_B, pending_Bx2, num_pending_B = _commit(
-      spec, state, target_cache, draft_cache, drafts_BxKxL, tokens_BxL1, num_B, emitted.live_B
+      spec,
+      state,
+      target_cache,
+      draft_cache,
+      drafts_BxKxL,
+      scored.path_node_BxKxL1,
+      tokens_BxL1,
+      num_B,
+      emitted.live_B,
     )
   with jax.named_scope("stats"):
-    stats = _count(spec, state.stats, emitted, block, bad_B, draft_bad_B, active_B)
+    stats = _count(spec, state.stats, emitted, block, bad_B, draft_bad_B, active_B, scored)
   return State(
     rounds_B=state.rounds_B + active_B,
     done_B=done_B,
@@ -308,8 +390,9 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
   w = spec.round_width
   cache_len = width + spec.max_new_tokens + w
 
-  def prefill(model: Decoder, params, num_tails):
-    cache = sharding.constrain_cache(model.init_cache(b, num_tails, w, cache_len))
+  def prefill(model: Decoder, params, num_tails, tail_capacity=w):
+    cache = model.init_cache(b, num_tails, tail_capacity, cache_len)
+    cache = sharding.constrain_cache(cache)
     _, cache = model.prefill(params, prompts_BxP, lengths_B - 1, cache)
     return cache
 
@@ -317,6 +400,10 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
   draft_cache = None
   if spec.draft_len > 0:
     draft_cache = prefill(spec.draft, draft_params, spec.num_drafts)
+  # A tree's nodes live in one tail of N slots (docs/CACHE.md, "Token trees").
+  target_tails = (spec.num_drafts,)
+  if spec.scores_tree:
+    target_tails = (1, tree.capacity(spec.num_drafts, spec.draft_len))
   zeros_B = jnp.zeros((b,), jnp.int32)
   zeros_BxL1 = jnp.zeros((b, w), jnp.int32)
   return State(
@@ -327,7 +414,7 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
     num_pending_B=jnp.ones((b,), jnp.int32),
     out_BxW=jnp.zeros((b, spec.max_new_tokens + w), jnp.int32),
     num_out_B=zeros_B,
-    target_cache=prefill(spec.target, target_params, spec.num_drafts),
+    target_cache=prefill(spec.target, target_params, *target_tails),
     draft_cache=draft_cache,
     stats=DecodeStats(
       rounds_B=zeros_B,
@@ -342,5 +429,7 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
       overshoot_BxL1=jnp.zeros((b, w), jnp.float32),
       nonfinite_B=zeros_B,
       nonfinite_draft_B=zeros_B,
+      nodes_B=zeros_B,
+      positions_B=zeros_B,
     ),
   )

@@ -1,5 +1,6 @@
 """The decoding engine: exactness against the enumerated target law, greedy, EOS, sharding."""
 
+import functools
 import itertools
 
 import jax
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import engine, methods, sampling, sharding
+from spectr_jax import engine, methods, rounds, sampling, sharding, tree
 from spectr_jax.models import ModelBundle, commit, get_model_config, init_params
 from spectr_jax.models.protocol import TransformerDecoder
 from tests import stats
@@ -165,6 +166,94 @@ def test_engine_rejects_broken_rollback(models, monkeypatch):
   stats.assert_rejects(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, "no rollback")
 
 
+def _tree_and_tail_q(models, drafts_BxKxL, prompts_BxP, lengths_B):
+  """The target's q of every path and position, scored as K tails and as their tree."""
+  draft, target = models
+  b, k, length = drafts_BxKxL.shape
+  traced = rounds.Traced(jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.asarray([-1]))
+  out = []
+  for use_tree in (False, True):
+    spec = rounds.DecodeSpec(
+      "kseq", k, length, 4, None, False, "star", draft.config, target.config, tree=use_tree
+    )
+    state = rounds.init_state(spec, draft.params, target.params, prompts_BxP, lengths_B)
+    scored = jax.jit(functools.partial(rounds.score, spec, traced=traced))(
+      target.params, state.target_cache, state.last_B, jnp.asarray(drafts_BxKxL)
+    )
+    assert not np.any(np.asarray(scored.nonfinite_B))
+    out.append(np.asarray(scored.q_BxKxL1xV))
+  return out
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["random", "all-equal"])
+def test_tree_scoring_gives_every_path_the_q_of_its_tail(models, shared, monkeypatch):
+  """Issue 27: the target on the deduplicated tree gives every path, at every position,
+  the q it gets as a tail (ragged prompts; two tokens, so paths share prefixes; all
+  paths equal: the smallest compiled tree). A tree whose paths read another path's
+  nodes is caught."""
+  rng = np.random.default_rng(11)
+  b, k, length = 5, 4, 3
+  prompts = jnp.asarray(rng.integers(0, V, (b, 5)), jnp.int32)
+  lengths = jnp.asarray([5, 1, 3, 2, 4], jnp.int32)
+  drafts = rng.integers(0, 2, (b, k, length))
+  if shared:
+    drafts[:] = drafts[:, :1]
+  tails, trees = _tree_and_tail_q(models, drafts, prompts, lengths)
+  np.testing.assert_allclose(trees, tails, atol=2e-6, rtol=0)
+  if shared:
+    return
+  real = tree.from_paths
+
+  def first_path_only(last_B, drafts_BxKxL):
+    t = real(last_B, drafts_BxKxL)
+    first_BxKxL1 = jnp.broadcast_to(t.path_node_BxKxL1[:, :1], (b, k, length + 1))
+    return t._replace(path_node_BxKxL1=first_BxKxL1)
+
+  monkeypatch.setattr(tree, "from_paths", first_path_only)
+  _, broken = _tree_and_tail_q(models, drafts, prompts, lengths)
+  assert np.max(np.abs(broken - tails)) > 1e-2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["kseq", "gbv"])
+def test_tree_rounds_keep_the_output_law(models, method):
+  """The engine with tree scoring (K = 3, L = 2): the target's law, several rounds."""
+  draft, target = models
+  out = _generate(draft, target, method, 3, 2, 4, key=9, tree=True)
+  law = _exact_law(target, 4)
+  stats.assert_law(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, f"{method} tree")
+  assert _residual_share(out, 2) >= 0.2
+  assert float(np.mean(np.asarray(out.stats.rounds_B))) > 1.5
+
+
+@pytest.mark.slow
+def test_tree_rounds_reject_a_commit_of_the_wrong_path(models, monkeypatch):
+  """A tree round that commits path 0's nodes whatever path survived must be caught."""
+  real = TransformerDecoder.commit_nodes
+
+  def first_path(self, cache, slots_BxW, num_B):
+    del slots_BxW
+    return real(self, cache, first_path.slots, num_B)
+
+  real_tree = tree.from_paths
+
+  def remember(last_B, drafts_BxKxL):
+    t = real_tree(last_B, drafts_BxKxL)
+    first_path.slots = t.path_node_BxKxL1[:, 0]
+    return t
+
+  draft, target = models
+  engine.compiled_program.cache_clear()
+  monkeypatch.setattr(TransformerDecoder, "commit_nodes", first_path)
+  monkeypatch.setattr(tree, "from_paths", remember)
+  try:
+    out = _generate(draft, target, "kseq", 3, 2, 4, key=9, tree=True)
+  finally:
+    engine.compiled_program.cache_clear()
+  law = _exact_law(target, 4)
+  stats.assert_rejects(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, "tree commit")
+
+
 _GREEDY_PROMPTS = np.asarray([[1, 2, 3, 0], [3, 3, 0, 0], [0, 1, 2, 3]], np.int32)
 _GREEDY_LENGTHS = np.asarray([3, 2, 4])
 _GREEDY_TOKENS = 9
@@ -187,24 +276,33 @@ def greedy_target(models):
 
 
 @pytest.mark.parametrize(
-  "method, num_drafts, draft_len",
+  "method, num_drafts, draft_len, use_tree",
   [
-    ("kseq", 3, 3),
-    pytest.param("sd", 1, 2, marks=_slow),
-    pytest.param("block", 1, 3, marks=_slow),
-    pytest.param("gbv", 3, 2, marks=_slow),
-    pytest.param("rrs", 3, 2, marks=_slow),
-    pytest.param("gbv_tp", 3, 2, marks=_slow),
+    ("kseq", 3, 3, False),
+    ("kseq", 3, 3, True),
+    pytest.param("sd", 1, 2, False, marks=_slow),
+    pytest.param("block", 1, 3, False, marks=_slow),
+    pytest.param("gbv", 3, 2, False, marks=_slow),
+    pytest.param("rrs", 3, 2, False, marks=_slow),
+    pytest.param("rrs", 3, 2, True, marks=_slow),
+    pytest.param("gbv_tp", 3, 2, False, marks=_slow),
   ],
 )
-def test_greedy_equals_greedy_target_decoding(models, greedy_target, method, num_drafts, draft_len):
+def test_greedy_equals_greedy_target_decoding(
+  models, greedy_target, method, num_drafts, draft_len, use_tree
+):
   draft, target = models
   kw = dict(draft=draft, target=target, prompts=jnp.asarray(_GREEDY_PROMPTS))
   kw.update(prompt_lengths=jnp.asarray(_GREEDY_LENGTHS), max_new_tokens=_GREEDY_TOKENS)
   kw.update(temperature=0.0)
   ar = engine.generate(jax.random.key(0), method="autoregressive", **kw)
   spec = engine.generate(
-    jax.random.key(1), method=method, num_drafts=num_drafts, draft_len=draft_len, **kw
+    jax.random.key(1),
+    method=method,
+    num_drafts=num_drafts,
+    draft_len=draft_len,
+    tree=use_tree,
+    **kw,
   )
   np.testing.assert_array_equal(np.asarray(ar.tokens_BxT), greedy_target)
   np.testing.assert_array_equal(np.asarray(spec.tokens_BxT), greedy_target)

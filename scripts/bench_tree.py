@@ -1,0 +1,134 @@
+"""Tails against token trees: what scoring each distinct draft prefix once saves.
+
+For the embedded pair (or random-weight models of its sizes when it is missing), prints
+one row per (method, K, L) with i.i.d. drafts scored as K tails and as their
+deduplicated tree (`engine.generate(tree=True)`), all timed round-robin in one run:
+  - block efficiency of both on the same held-out prompts and keys (a tree round is the
+    same random object: tokens differ only where float32 rounding flips a decision), with
+    the paired 95% interval of the per-prompt difference;
+  - distinct prefixes per round and target positions computed per round (K(L + 1) for
+    tails; the compiled tree size for trees), and emitted tokens per target position;
+  - the target call and the engine's round (`bench_decode.part_timers`) in ms, tails and
+    tree, and their ratios.
+
+Usage: python scripts/bench_tree.py [--configs kseq:4:4,kseq:8:4,kseq:8:8] [--batch 4]
+         [--prompts 100] [--max_new_tokens 64]
+"""
+
+import argparse
+import functools
+import os
+import pathlib
+
+import jax
+import numpy as np
+from bench_decode import CALLS, bench_prompts, load_pair, part_timers
+
+from spectr_jax import engine
+from spectr_jax.timing import interleaved_medians, markdown_table
+
+COLS = [
+  ("method", "method", "{}"),
+  ("K", "K", "{}"),
+  ("L", "L", "{}"),
+  ("be_tails", "block eff. tails", "{:.3f}"),
+  ("be_tree", "block eff. tree", "{:.3f}"),
+  ("be_diff", "tree - tails [95%]", "{}"),
+  ("nodes", "distinct nodes / round", "{:.1f}"),
+  ("pos_tails", "target positions / round, tails", "{:.0f}"),
+  ("pos_tree", "... tree", "{:.1f}"),
+  ("tpp_tails", "tokens / target position, tails", "{:.3f}"),
+  ("tpp_tree", "... tree", "{:.3f}"),
+  ("target_tails", "target call ms, tails", "{:.2f}"),
+  ("target_tree", "... tree", "{:.2f}"),
+  ("target_ratio", "tree / tails", "{:.2f}"),
+  ("round_tails", "round ms, tails", "{:.2f}"),
+  ("round_tree", "... tree", "{:.2f}"),
+  ("round_ratio", "tree / tails", "{:.2f}"),
+]
+
+
+def decode(draft, target, prompts, lengths, method, k, length, max_new_tokens, tree):
+  """Per-prompt emitted tokens, rounds, distinct nodes and target positions."""
+  out = engine.generate(
+    jax.random.key(0),
+    draft=draft,
+    target=target,
+    prompts=prompts,
+    prompt_lengths=lengths,
+    method=method,
+    num_drafts=k,
+    draft_len=length,
+    max_new_tokens=max_new_tokens,
+    tree=tree,
+  )
+  s = out.stats
+  return {name: np.asarray(getattr(s, f"{name}_B"), np.float64) for name in
+          ("emitted", "rounds", "nodes", "positions")}  # fmt: skip
+
+
+def paired_interval(a, b):
+  """Mean of b - a per prompt and its 95% normal interval, as text."""
+  d = b - a
+  half = 1.96 * d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
+  return f"{d.mean():+.3f} [{d.mean() - half:+.3f}, {d.mean() + half:+.3f}]"
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--configs", default="kseq:4:4,kseq:8:4,kseq:8:8")
+  parser.add_argument("--batch", type=int, default=4, help="rows of the timed rounds")
+  parser.add_argument("--prompts", type=int, default=100, help="prompts of the efficiency runs")
+  parser.add_argument("--prompt_len", type=int, default=8)
+  parser.add_argument("--max_new_tokens", type=int, default=64)
+  parser.add_argument("--repeats", type=int, default=5)
+  args = parser.parse_args()
+  workdir = pathlib.Path(os.environ.get("SPECTR_WORKDIR", "~/.cache/spectr_jax")).expanduser()
+  draft, target, heldout, what = load_pair(workdir)
+  vocab = target.config.vocab_size
+  timed = bench_prompts(heldout, args.batch, args.prompt_len, vocab)
+  many = bench_prompts(heldout, args.prompts, args.prompt_len, vocab)
+  configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
+  timers, rows = {}, []
+  for i, (method, k, length) in enumerate(configs):
+    run = functools.partial(decode, draft, target, *many, method, k, length, args.max_new_tokens)
+    tails, trees = run(False), run(True)
+    rows.append(
+      dict(
+        method=method,
+        K=k,
+        L=length,
+        be_tails=tails["emitted"].sum() / tails["rounds"].sum(),
+        be_tree=trees["emitted"].sum() / trees["rounds"].sum(),
+        be_diff=paired_interval(
+          tails["emitted"] / tails["rounds"], trees["emitted"] / trees["rounds"]
+        ),
+        nodes=trees["nodes"].sum() / trees["rounds"].sum(),
+        pos_tails=tails["positions"].sum() / tails["rounds"].sum(),
+        pos_tree=trees["positions"].sum() / trees["rounds"].sum(),
+        tpp_tails=tails["emitted"].sum() / tails["positions"].sum(),
+        tpp_tree=trees["emitted"].sum() / trees["positions"].sum(),
+      )
+    )
+    for use_tree in (False, True):
+      spec = engine.DecodeSpec(
+        method, k, length, args.max_new_tokens, None, False, "star", draft.config,
+        target.config, tree=use_tree,
+      )  # fmt: skip
+      parts = part_timers(spec, draft, target, *timed)
+      timers[(i, use_tree, "target")] = parts["target"]
+      timers[(i, use_tree, "round")] = parts["round loop"]
+    print(f"prepared {method}:{k}:{length} ({i + 1}/{len(configs)})", flush=True)
+  medians = interleaved_medians(timers, args.repeats)
+  for i, row in enumerate(rows):
+    for part in ("target", "round"):
+      tails_ms, tree_ms = (1e3 * medians[(i, t, part)] / CALLS for t in (False, True))
+      row.update({f"{part}_tails": tails_ms, f"{part}_tree": tree_ms})
+      row[f"{part}_ratio"] = tree_ms / tails_ms
+  print(f"\n{what}: {args.prompts} prompts for the efficiencies, {args.batch} rows timed, ")
+  print(f"{jax.devices()[0].platform}, {args.repeats} interleaved repeats\n")
+  print(markdown_table(rows, COLS))
+
+
+if __name__ == "__main__":
+  main()
