@@ -48,6 +48,29 @@ def causal(
   return o_BxTxHkxGxDh.reshape(b, t, h, dh), (k_BxTxHkxDh, v_BxTxHkxDh)
 
 
+def _joint_softmax(
+  s_pre_XxS: jax.Array,
+  pre_mask_XxS: jax.Array,
+  s_own_XxR: jax.Array,
+  own_mask_XxR: jax.Array,
+  softcap: float | None,
+  dtype: jnp.dtype,
+) -> tuple[jax.Array, jax.Array]:
+  """One softmax over a query's prefix scores and its own (tail or node) scores, each
+  soft-capped and masked (masks broadcast to the scores, key axis last): the weights
+  of both parts, in `dtype`."""
+  s = s_pre_XxS.shape[-1]
+  scores = jnp.concatenate(
+    [
+      jnp.where(pre_mask_XxS, layers.softcap(s_pre_XxS, softcap), _MASKED),
+      jnp.where(own_mask_XxR, layers.softcap(s_own_XxR, softcap), _MASKED),
+    ],
+    axis=-1,
+  )
+  p = jax.nn.softmax(scores, axis=-1).astype(dtype)
+  return p[..., :s], p[..., s:]
+
+
 def write_tail(
   tail_BxKxRxHkxDh: jax.Array, new_BxKxTxHkxDh: jax.Array, start_BxK: jax.Array
 ) -> jax.Array:
@@ -99,8 +122,6 @@ def tails(
   s_tail_BxKxTxHkxGxR = jnp.einsum(
     "bktngd,bkrnd->bktngr", q_BxKxTxHkxGxDh, tail_k_BxKxRxHkxDh, preferred_element_type=f32
   )
-  s_pre_BxKxTxHkxGxS = layers.softcap(s_pre_BxKxTxHkxGxS, softcap)
-  s_tail_BxKxTxHkxGxR = layers.softcap(s_tail_BxKxTxHkxGxR, softcap)
   # K and T broadcast (size 1) unless a sliding window makes the mask query-dependent.
   pre_mask_BxKxTxS = (jnp.arange(s) < prefix_len_B[:, None])[:, None, None, :]
   r = tail_k_BxKxRxHkxDh.shape[2]
@@ -109,16 +130,16 @@ def tails(
     pos_BxKxTx1 = (prefix_len_B[:, None, None] + tail_pos_BxKxT)[..., None]
     pre_mask_BxKxTxS = pre_mask_BxKxTxS & (pos_BxKxTx1 - jnp.arange(s) < window)
     tail_mask_BxKxTxR &= tail_pos_BxKxT[..., None] - jnp.arange(r) < window
-  scores = jnp.concatenate(
-    [
-      jnp.where(pre_mask_BxKxTxS[:, :, :, None, None, :], s_pre_BxKxTxHkxGxS, _MASKED),
-      jnp.where(tail_mask_BxKxTxR[:, :, :, None, None, :], s_tail_BxKxTxHkxGxR, _MASKED),
-    ],
-    axis=-1,
+  p_pre, p_tail = _joint_softmax(
+    s_pre_BxKxTxHkxGxS,
+    pre_mask_BxKxTxS[:, :, :, None, None, :],
+    s_tail_BxKxTxHkxGxR,
+    tail_mask_BxKxTxR[:, :, :, None, None, :],
+    softcap,
+    prefix_v_BxSxHkxDh.dtype,
   )
-  p = jax.nn.softmax(scores, axis=-1).astype(prefix_v_BxSxHkxDh.dtype)
-  o_BxKxTxHkxGxDh = jnp.einsum("bktngs,bsnd->bktngd", p[..., :s], prefix_v_BxSxHkxDh)
-  o_BxKxTxHkxGxDh += jnp.einsum("bktngr,bkrnd->bktngd", p[..., s:], tail_v_BxKxRxHkxDh)
+  o_BxKxTxHkxGxDh = jnp.einsum("bktngs,bsnd->bktngd", p_pre, prefix_v_BxSxHkxDh)
+  o_BxKxTxHkxGxDh += jnp.einsum("bktngr,bkrnd->bktngd", p_tail, tail_v_BxKxRxHkxDh)
   return o_BxKxTxHkxGxDh.reshape(b, k, t, h, dh)
 
 
@@ -200,8 +221,6 @@ def tree(
   s_node_BxNxHkxGxR = jnp.einsum(
     "bingd,brnd->bingr", q_BxNxHkxGxDh, node_k_BxRxHkxDh, preferred_element_type=f32
   )
-  s_pre_BxNxHkxGxS = layers.softcap(s_pre_BxNxHkxGxS, softcap)
-  s_node_BxNxHkxGxR = layers.softcap(s_node_BxNxHkxGxR, softcap)
   # N broadcasts (size 1) unless a sliding window makes the prefix mask query-dependent.
   pre_mask_BxNxS = (jnp.arange(s) < prefix_len_B[:, None])[:, None, :]
   node_mask_BxNxR = visible_BxNxR
@@ -209,14 +228,14 @@ def tree(
     pos_BxNx1 = pos_BxN[:, :, None]
     pre_mask_BxNxS = pre_mask_BxNxS & (pos_BxNx1 - jnp.arange(s) < window)
     node_mask_BxNxR = node_mask_BxNxR & (pos_BxNx1 - node_pos_BxR[:, None, :] < window)
-  scores = jnp.concatenate(
-    [
-      jnp.where(pre_mask_BxNxS[:, :, None, None, :], s_pre_BxNxHkxGxS, _MASKED),
-      jnp.where(node_mask_BxNxR[:, :, None, None, :], s_node_BxNxHkxGxR, _MASKED),
-    ],
-    axis=-1,
+  p_pre, p_node = _joint_softmax(
+    s_pre_BxNxHkxGxS,
+    pre_mask_BxNxS[:, :, None, None, :],
+    s_node_BxNxHkxGxR,
+    node_mask_BxNxR[:, :, None, None, :],
+    softcap,
+    prefix_v_BxSxHkxDh.dtype,
   )
-  p = jax.nn.softmax(scores, axis=-1).astype(prefix_v_BxSxHkxDh.dtype)
-  o_BxNxHkxGxDh = jnp.einsum("bings,bsnd->bingd", p[..., :s], prefix_v_BxSxHkxDh)
-  o_BxNxHkxGxDh += jnp.einsum("bingr,brnd->bingd", p[..., s:], node_v_BxRxHkxDh)
+  o_BxNxHkxGxDh = jnp.einsum("bings,bsnd->bingd", p_pre, prefix_v_BxSxHkxDh)
+  o_BxNxHkxGxDh += jnp.einsum("bingr,brnd->bingd", p_node, node_v_BxRxHkxDh)
   return o_BxNxHkxGxDh.reshape(b, n, h, dh)

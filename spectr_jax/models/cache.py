@@ -104,17 +104,25 @@ def commit(cache: KVCache, tail_idx_B: jax.Array, num_B: jax.Array) -> KVCache:
   Returns:
     The cache with the longer prefix and all tails emptied.
   """
+  return _append(cache, lambda tail_KxRxHkxDh, k: tail_KxRxHkxDh[k], tail_idx_B, num_B)
 
-  def _append_row(prefix_SxHkxDh, tail_KxRxHkxDh, tail_idx, start):
-    pos_R = start + jnp.arange(cache.R)
-    return prefix_SxHkxDh.at[pos_R].set(tail_KxRxHkxDh[tail_idx], mode="drop")
+
+def _append(cache: KVCache, take, index_BxA: jax.Array, num_B: jax.Array) -> KVCache:
+  """Appends `take(row's tails, index_BxA[b])` (W entries) to each row's prefix at
+  `prefix_len[b] + [0, W)` (positions at or past S dropped), keeps num_B of them and
+  empties the tails."""
+
+  def append_row(prefix_SxHkxDh, tail_KxRxHkxDh, index, start):
+    new_WxHkxDh = take(tail_KxRxHkxDh, index)
+    pos_W = start + jnp.arange(new_WxHkxDh.shape[0])
+    return prefix_SxHkxDh.at[pos_W].set(new_WxHkxDh, mode="drop")
 
   # vmap over rows inside vmap over layers: the scatter keeps the N x B x S layout.
-  append = jax.vmap(jax.vmap(_append_row), in_axes=(0, 0, None, None))
+  append = jax.vmap(jax.vmap(append_row), in_axes=(0, 0, None, None))
   prefix_len = jnp.minimum(cache.prefix_len + num_B.astype(jnp.int32), cache.S)
   return cache.replace(
-    prefix_k=append(cache.prefix_k, cache.tail_k, tail_idx_B, cache.prefix_len),
-    prefix_v=append(cache.prefix_v, cache.tail_v, tail_idx_B, cache.prefix_len),
+    prefix_k=append(cache.prefix_k, cache.tail_k, index_BxA, cache.prefix_len),
+    prefix_v=append(cache.prefix_v, cache.tail_v, index_BxA, cache.prefix_len),
     prefix_len=prefix_len,
     tail_len=jnp.zeros_like(cache.tail_len),
   )
@@ -141,22 +149,8 @@ def commit_nodes(cache: KVCache, slots_BxW: jax.Array, num_B: jax.Array) -> KVCa
   Returns:
     The cache with the longer prefix and all tails emptied.
   """
-  w = slots_BxW.shape[1]
-
-  def _append_row(prefix_SxHkxDh, tail_KxRxHkxDh, slots_W, start):
-    pos_W = start + jnp.arange(w)
-    return prefix_SxHkxDh.at[pos_W].set(tail_KxRxHkxDh[0, slots_W], mode="drop")
-
-  # vmap over rows inside vmap over layers: the scatter keeps the N x B x S layout.
-  append = jax.vmap(jax.vmap(_append_row), in_axes=(0, 0, None, None))
-  slots_BxW = slots_BxW.astype(jnp.int32)
-  prefix_len = jnp.minimum(cache.prefix_len + num_B.astype(jnp.int32), cache.S)
-  return cache.replace(
-    prefix_k=append(cache.prefix_k, cache.tail_k, slots_BxW, cache.prefix_len),
-    prefix_v=append(cache.prefix_v, cache.tail_v, slots_BxW, cache.prefix_len),
-    prefix_len=prefix_len,
-    tail_len=jnp.zeros_like(cache.tail_len),
-  )
+  take = lambda tail_KxRxHkxDh, slots_W: tail_KxRxHkxDh[0, slots_W]
+  return _append(cache, take, slots_BxW.astype(jnp.int32), num_B)
 
 
 def rollback(cache: KVCache, new_len_B: jax.Array) -> KVCache:
