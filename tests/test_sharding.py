@@ -185,7 +185,7 @@ def test_model_sharded_logits_match_one_device(pair, shape):
       np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=0)
 
 
-def _decode(pair, method, mesh, k=2, length=2):
+def _decode(pair, method, mesh, k=2, length=2, tree=False):
   draft, target = pair
   rng = np.random.default_rng(5)
   prompts = rng.integers(0, V, (12, 5)).astype(np.int32)
@@ -201,7 +201,25 @@ def _decode(pair, method, mesh, k=2, length=2):
     draft_len=length,
     max_new_tokens=8,
     mesh=mesh,
+    tree=tree,
   )
+
+
+@pytest.mark.slow
+def test_tree_rounds_on_a_mesh_give_the_tokens_of_one_device(pair):
+  """Issue 27: tree rounds (the node count and its compiled size chosen per shard) on a
+  data mesh give the tokens of one device bit for bit, and on a (2, 4) mesh (heads, MLP
+  and vocabulary over "model") those of the tails where no last-bit difference flips a
+  draw."""
+  single = _decode(pair, "kseq", None, k=3, tree=True)
+  out = _decode(pair, "kseq", _mesh(8, 1), k=3, tree=True)
+  np.testing.assert_array_equal(np.asarray(out.tokens_BxT), np.asarray(single.tokens_BxT))
+  np.testing.assert_array_equal(np.asarray(out.stats.nodes_B), np.asarray(single.stats.nodes_B))
+  sharded = _decode(pair, "kseq", _mesh(2, 4), k=3, tree=True)
+  tails = _decode(pair, "kseq", None, k=3)
+  agree = float(np.mean(np.asarray(sharded.tokens_BxT) == np.asarray(tails.tokens_BxT)))
+  assert agree >= 0.95, agree
+  assert np.all(np.asarray(single.stats.nodes_B) <= np.asarray(tails.stats.nodes_B))
 
 
 @pytest.mark.parametrize(
