@@ -70,23 +70,34 @@ _ALL = [
 
 @pytest.fixture
 def forced_randomness(monkeypatch):
-  """Forces `jax.random.uniform` to one value and `jax.random.bits` to one word, traced
-  afresh (the compiled programs are dropped before and after)."""
+  """Forces `jax.random.uniform` to one value and `jax.random.bits` to one word: wraps a
+  function f into a jitted `(uniform, word, *args) -> f(*args)` in which every uniform
+  is `uniform` and every random word is `word`. Both are traced arguments, so one
+  compile serves every forced value (the compiled programs are dropped before and
+  after)."""
+  forced = {}
 
-  def force(uniform: float, word: int):
-    def fake_uniform(key, shape=(), dtype=jnp.float32, minval=0.0, maxval=1.0):
-      del key, minval, maxval
-      return jnp.full(shape, uniform, dtype)
+  def fake_uniform(key, shape=(), dtype=jnp.float32, minval=0.0, maxval=1.0):
+    del key, minval, maxval
+    return jnp.full(shape, forced["uniform"], dtype)
 
-    def fake_bits(key, shape=(), dtype=jnp.uint32):
-      del key
-      return jnp.full(shape, word, dtype)
+  def fake_bits(key, shape=(), dtype=jnp.uint32):
+    del key
+    return jnp.full(shape, forced["word"], dtype)
 
-    monkeypatch.setattr(jax.random, "uniform", fake_uniform)
-    monkeypatch.setattr(jax.random, "bits", fake_bits)
+  monkeypatch.setattr(jax.random, "uniform", fake_uniform)
+  monkeypatch.setattr(jax.random, "bits", fake_bits)
+
+  def wrap(fn):
+    def run(uniform, word, *args):
+      forced.update(uniform=uniform, word=word)
+      return fn(*args)
+
+    jitted = jax.jit(run)
+    return lambda uniform, word, *args: jitted(jnp.float32(uniform), jnp.uint32(word), *args)
 
   jax.clear_caches()
-  yield force
+  yield wrap
   jax.clear_caches()
 
 
@@ -103,17 +114,15 @@ def _one_hot_block(k: int, length: int, allowed: int, vocab: int = 3):
 
 @pytest.mark.parametrize("name, k, length", _ALL)
 def test_boundary_uniforms_never_emit_a_forbidden_token(forced_randomness, name, k, length):
-  walk = jax.jit(functools.partial(verify.walk, method=name, rho_mode="fixed"), static_argnames=())
+  walk = forced_randomness(functools.partial(verify.walk, method=name, rho_mode="fixed"))
   for uniform in (0.0, _BELOW_ONE):
     for word in (0, 2**32 - 1):
-      forced_randomness(uniform, word)
       for allowed in (0, 2):
         for rho in (1.0, float(k)):  # K-SEQ at rho = 1 too: the clipped residual is q here
           drafts, p, q = _one_hot_block(k, length, allowed)
-          tokens, num, _ = walk(jax.random.key(0), drafts, p, q, jnp.float32(rho))
+          tokens, num, _ = walk(uniform, word, jax.random.key(0), drafts, p, q, jnp.float32(rho))
           emitted = np.asarray(tokens)[: int(num)]
           assert np.all(emitted == allowed), (uniform, word, allowed, rho, emitted)
-      jax.clear_caches()
 
 
 @pytest.mark.parametrize("scheme", sorted(methods.DRAFTING))
@@ -130,26 +139,21 @@ def test_boundary_words_never_draft_a_zero_probability_token(forced_randomness, 
     return jnp.broadcast_to(logits_V, shape), cache
 
   probs = functools.partial(jax.nn.softmax, axis=-1)
-  draft = methods.resolve(methods.DRAFTING[scheme].draft)
+  scheme_fn = methods.resolve(methods.DRAFTING[scheme].draft)
+
+  def draft(keys):
+    pending = jnp.zeros((2, 2), jnp.int32)
+    out = scheme_fn(extend, None, None, pending, jnp.ones((2,), jnp.int32), keys, probs,
+                    num_drafts=3, draft_len=4)  # fmt: skip
+    return out.tokens_BxKxL
+
+  draft = forced_randomness(draft)
   for uniform, word in ((0.0, 0), (_BELOW_ONE, 2**32 - 1)):
-    forced_randomness(uniform, word)
-    out = draft(
-      extend,
-      None,
-      None,
-      jnp.zeros((2, 2), jnp.int32),
-      jnp.ones((2,), jnp.int32),
-      jax.random.split(jax.random.key(0), 2),
-      probs,
-      num_drafts=3,
-      draft_len=4,
-    )
-    tokens_BxKxL = np.asarray(out.tokens_BxKxL)
+    tokens_BxKxL = np.asarray(draft(uniform, word, jax.random.split(jax.random.key(0), 2)))
     assert set(np.unique(tokens_BxKxL)) <= {1, 3}, (uniform, word)
     if scheme == "wor":
       assert np.all(tokens_BxKxL[:, 0, 0] != tokens_BxKxL[:, 1, 0]), (uniform, word)
       np.testing.assert_array_equal(tokens_BxKxL[:, 2], tokens_BxKxL[:, 0])
-    jax.clear_caches()
 
 
 _INVALID_RHO_PAIR = (
