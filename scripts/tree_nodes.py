@@ -9,7 +9,8 @@ nodes, on the embedded pair's draft (held-out prompts) and on two synthetic bigr
 
 Prints one markdown row per (draft, K, L): draft tokens K L, distinct nodes (mean and
 10th-90th percentiles over rounds), target positions of tails K (L + 1) and of a tree
-(distinct + 1), and their ratio.
+(distinct + 1), their ratio, and the compiled tree size (`tree.node_buckets`) a round
+of one row scores.
 
 Usage: PYTHONPATH=$PWD python scripts/tree_nodes.py [--draft_dir DIR] [--rounds 200]
   [--shapes 4:4,8:4,8:8] [--seed 0]
@@ -21,18 +22,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import data, pairs
+from spectr_jax import data, pairs, tree
 from spectr_jax.config import PairConfig
 
 
-def distinct_nodes(paths_RxKxL: np.ndarray) -> np.ndarray:
-  """Distinct prefixes of length 1..L among each round's K paths, shape [R]."""
-  rounds, _, length = paths_RxKxL.shape
-  out = np.zeros(rounds, np.int64)
-  for r in range(rounds):
-    for t in range(1, length + 1):
-      out[r] += len(np.unique(paths_RxKxL[r, :, :t], axis=0))
-  return out
+def tree_nodes(paths_RxKxL: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Nodes of each round's token tree (`tree.from_paths`: the root plus the distinct
+  prefixes of length 1..L among its K paths) and the compiled tree size the engine
+  would score for it alone (`tree.node_buckets`), each of shape [R]."""
+  _, k, length = paths_RxKxL.shape
+  paths = jnp.asarray(paths_RxKxL, jnp.int32)
+  nodes = np.asarray(tree.from_paths(jnp.zeros(len(paths), jnp.int32), paths).num_nodes_B)
+  sizes = np.asarray(tree.node_buckets(k, length))
+  return nodes, sizes[np.searchsorted(sizes, nodes)]
 
 
 def model_paths(draft, prompts, num_drafts: int, draft_len: int, key) -> np.ndarray:
@@ -71,12 +73,12 @@ def bigram_paths(scale: float, rounds: int, num_drafts: int, draft_len: int, see
 
 def row(name: str, paths_RxKxL: np.ndarray) -> str:
   _, k, length = paths_RxKxL.shape
-  nodes = distinct_nodes(paths_RxKxL)
-  tails, tree = k * (length + 1), nodes.mean() + 1
-  p10, p90 = np.percentile(nodes, [10, 90])
+  nodes, sizes = tree_nodes(paths_RxKxL)
+  distinct, tails = nodes - 1, k * (length + 1)
+  p10, p90 = np.percentile(distinct, [10, 90])
   return (
-    f"| {name} | {k} | {length} | {k * length} | {nodes.mean():.1f} [{p10:.0f}, {p90:.0f}] "
-    f"| {tails} | {tree:.1f} | {tree / tails:.2f} |"
+    f"| {name} | {k} | {length} | {k * length} | {distinct.mean():.1f} [{p10:.0f}, {p90:.0f}] "
+    f"| {tails} | {nodes.mean():.1f} | {nodes.mean() / tails:.2f} | {sizes.mean():.1f} |"
   )
 
 
@@ -92,8 +94,8 @@ def main():
   pair = pairs.load_pair(PairConfig("trained", args.draft_dir, args.target_dir))
   prompts = data.make_prompts(pair.heldout, args.rounds, 8, args.seed, pair.special)
   print("| draft | K | L | draft tokens K L | distinct nodes [p10, p90] | target positions, "
-        "tails K (L + 1) | tree (nodes + 1) | tree / tails |")  # fmt: skip
-  print("|---|---|---|---|---|---|---|---|")
+        "tails K (L + 1) | tree (nodes + 1) | tree / tails | compiled tree size |")  # fmt: skip
+  print("|---|---|---|---|---|---|---|---|---|")
   for k, length in shapes:
     key = jax.random.key(args.seed)
     print(row("embedded (distilled)", model_paths(pair.draft, prompts, k, length, key)))

@@ -1,129 +1,37 @@
-"""The decoding engine: exactness against the enumerated target law, greedy, EOS, sharding."""
+"""The decoding engine: exactness against the enumerated target law under transforms,
+rho settings, broken caches and a model-sharded mesh; greedy, EOS, tree scoring,
+recompiles and bad input (the law of every method: tests/test_engine_law.py)."""
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import engine, methods, rounds, sampling, sharding, tree
-from spectr_jax.models import ModelBundle, commit, get_model_config, init_params
+from spectr_jax import engine, methods, rounds, sharding, tree
+from spectr_jax.models import ModelBundle, commit, get_model_config
 from spectr_jax.models.protocol import TransformerDecoder
-from tests import stats
-
-V = 4
-PROMPT = (1, 2, 3)
-NUM_SAMPLES = 50_000
-
-
-def _bundle(name, seed, logit_scale, attention_scale=1.0):
-  """A random-weight model with scaled logits (via its final norm) and attention weights."""
-  config = get_model_config(name, V, max_len=24)
-  params = init_params(config, jax.random.key(seed))
-
-  def scale(path, x):
-    name = jax.tree_util.keystr(path)
-    if "final_norm" in name:
-      return x * logit_scale
-    return x * attention_scale if any(w in name for w in ("w_q", "w_k", "w_v", "w_o")) else x
-
-  return ModelBundle(config, jax.tree_util.tree_map_with_path(scale, params))
+from tests import engine_pair, stats
+from tests.engine_pair import V, codes, exact_law, generate, residual_share
 
 
 @pytest.fixture(scope="module")
 def models():
-  # Random weights mostly repeat the last token; flipping the draft's logits makes the
-  # draft and target disagree, so a large share of tokens comes from the residual path.
-  # Sharper, stronger attention makes the target depend on its context, so that cache
-  # bugs (a missing rollback) change its law visibly.
-  return _bundle("draft-test", 1, -1.0), _bundle("target-test", 2, 0.5, attention_scale=3.0)
-
-
-def _exact_law(target, num_tokens, temperature=1.0, top_k=None):
-  """The transformed target's law over all V^n continuations of PROMPT, by enumeration."""
-  seqs = np.array(list(itertools.product(range(V), repeat=num_tokens)), np.int32)
-  prompt = np.broadcast_to(np.array(PROMPT, np.int32), (len(seqs), len(PROMPT)))
-  logits = target.model.apply({"params": target.params}, jnp.asarray(np.hstack([prompt, seqs])))
-  p0 = len(PROMPT) - 1
-  probs = np.asarray(
-    sampling.transform_probs(logits[:, p0 : p0 + num_tokens], temperature, top_k=top_k),
-    np.float64,
-  )
-  law = np.prod(np.take_along_axis(probs, seqs[:, :, None], axis=2)[:, :, 0], axis=1)
-  return law / law.sum()
-
-
-def _codes(tokens_BxT):
-  tokens = np.asarray(tokens_BxT)
-  return tokens @ (V ** np.arange(tokens.shape[1])[::-1])
-
-
-def _generate(draft, target, method, num_drafts, draft_len, n, key=0, batch=NUM_SAMPLES, **kw):
-  prompts = jnp.tile(jnp.asarray([PROMPT], jnp.int32), (batch, 1))
-  return engine.generate(
-    jax.random.key(key),
-    draft=draft,
-    target=target,
-    prompts=prompts,
-    prompt_lengths=jnp.full((batch,), len(PROMPT)),
-    method=method,
-    num_drafts=num_drafts,
-    draft_len=draft_len,
-    max_new_tokens=n,
-    **kw,
-  )
-
-
-def _residual_share(out, draft_len):
-  s = out.stats
-  residual = np.sum(np.asarray(s.reached_BxL1 - s.accepted_BxL1)[:, :draft_len])
-  return residual / np.sum(np.asarray(s.emitted_B))
+  return engine_pair.models()
 
 
 _slow = pytest.mark.slow
-# The fast tier checks the law of one K-draft round (K-SEQ); every method's law through
-# the engine, at two draft lengths, is in the slow tier (CI).
-CASES = [
-  pytest.param("autoregressive", 1, 0, marks=_slow),
-  pytest.param("sd", 1, 1, marks=_slow),
-  pytest.param("sd", 1, 2, marks=_slow),
-  ("kseq", 3, 1),
-  pytest.param("kseq", 3, 2, marks=_slow),
-  pytest.param("specinfer", 3, 1, marks=_slow),
-  pytest.param("specinfer", 3, 2, marks=_slow),
-  pytest.param("optimal", 3, 1, marks=_slow),
-  pytest.param("optimal", 3, 2, marks=_slow),
-  pytest.param("rrs", 2, 1, marks=_slow),
-  pytest.param("rrs", 2, 2, marks=_slow),
-  pytest.param("block", 1, 2, marks=_slow),
-  pytest.param("gbv", 3, 2, marks=_slow),
-  pytest.param("gbv_tp", 3, 2, marks=_slow),
-]
-
-
-@pytest.mark.parametrize("method, num_drafts, draft_len", CASES)
-def test_engine_output_law_is_target_law(models, method, num_drafts, draft_len):
-  draft, target = models
-  n = 4 if draft_len == 2 else 3
-  out = _generate(draft, target, method, num_drafts, draft_len, n)
-  assert np.all(np.asarray(out.lengths_B) == n)
-  law = _exact_law(target, n)
-  stats.assert_law(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, method)
-  if draft_len:
-    assert _residual_share(out, draft_len) >= 0.2
-    assert float(np.mean(np.asarray(out.stats.rounds_B))) > 1.5  # several rounds: rollback
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature, top_k", [(0.6, None), (1.5, 3), (1.0, 2)])
 def test_engine_exact_for_transformed_target(models, temperature, top_k):
   draft, target = models
-  out = _generate(draft, target, "kseq", 3, 2, 4, temperature=temperature, top_k=top_k)
-  law = _exact_law(target, 4, temperature, top_k)
+  out = generate(draft, target, "kseq", 3, 2, 4, temperature=temperature, top_k=top_k)
+  law = exact_law(target, 4, temperature, top_k)
   what = f"kseq T={temperature} top_k={top_k}"
-  stats.assert_law(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, what)
+  stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, what)
 
 
 @pytest.mark.slow
@@ -131,20 +39,20 @@ def test_engine_rrs_with_fewer_tokens_than_drafts(models):
   """Top-k = 2 leaves the draft 2 tokens for K = 3 drafts without replacement: the third
   path copies the first, and the output law stays the (transformed) target's."""
   draft, target = models
-  out = _generate(draft, target, "rrs", 3, 2, 4, top_k=2)
-  law = _exact_law(target, 4, top_k=2)
-  stats.assert_law(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, "rrs top_k=2")
-  assert _residual_share(out, 2) >= 0.1
+  out = generate(draft, target, "rrs", 3, 2, 4, top_k=2)
+  law = exact_law(target, 4, top_k=2)
+  stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, "rrs top_k=2")
+  assert residual_share(out, 2) >= 0.1
 
 
 @pytest.mark.slow
 def test_engine_fixed_rho_and_rho_k(models):
   draft, target = models
-  law = _exact_law(target, 4)
+  law = exact_law(target, 4)
   for rho in ("k", 2.5):
-    out = _generate(draft, target, "kseq", 3, 2, 4, rho=rho, key=5)
-    codes = _codes(out.tokens_BxT)
-    stats.assert_law(np.bincount(codes, minlength=law.size), law, f"kseq rho={rho}")
+    out = generate(draft, target, "kseq", 3, 2, 4, rho=rho, key=5)
+    counts = np.bincount(codes(out.tokens_BxT), minlength=law.size)
+    stats.assert_law(counts, law, f"kseq rho={rho}")
 
 
 @pytest.mark.slow
@@ -159,11 +67,11 @@ def test_engine_rejects_broken_rollback(models, monkeypatch):
   engine.compiled_program.cache_clear()
   monkeypatch.setattr(TransformerDecoder, "commit", no_rollback)  # the decoders' commit
   try:
-    out = _generate(draft, target, "kseq", 3, 2, 4)
+    out = generate(draft, target, "kseq", 3, 2, 4)
   finally:
     engine.compiled_program.cache_clear()
-  law = _exact_law(target, 4)
-  stats.assert_rejects(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, "no rollback")
+  law = exact_law(target, 4)
+  stats.assert_rejects(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, "no rollback")
 
 
 def _tree_and_tail_q(models, drafts_BxKxL, prompts_BxP, lengths_B):
@@ -212,46 +120,6 @@ def test_tree_scoring_gives_every_path_the_q_of_its_tail(models, shared, monkeyp
   monkeypatch.setattr(tree, "from_paths", first_path_only)
   _, broken = _tree_and_tail_q(models, drafts, prompts, lengths)
   assert np.max(np.abs(broken - tails)) > 1e-2
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["kseq", "gbv"])
-def test_tree_rounds_keep_the_output_law(models, method):
-  """The engine with tree scoring (K = 3, L = 2): the target's law, several rounds."""
-  draft, target = models
-  out = _generate(draft, target, method, 3, 2, 4, key=9, tree=True)
-  law = _exact_law(target, 4)
-  stats.assert_law(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, f"{method} tree")
-  assert _residual_share(out, 2) >= 0.2
-  assert float(np.mean(np.asarray(out.stats.rounds_B))) > 1.5
-
-
-@pytest.mark.slow
-def test_tree_rounds_reject_a_commit_of_the_wrong_path(models, monkeypatch):
-  """A tree round that commits path 0's nodes whatever path survived must be caught."""
-  real = TransformerDecoder.commit_nodes
-
-  def first_path(self, cache, slots_BxW, num_B):
-    del slots_BxW
-    return real(self, cache, first_path.slots, num_B)
-
-  real_tree = tree.from_paths
-
-  def remember(last_B, drafts_BxKxL):
-    t = real_tree(last_B, drafts_BxKxL)
-    first_path.slots = t.path_node_BxKxL1[:, 0]
-    return t
-
-  draft, target = models
-  engine.compiled_program.cache_clear()
-  monkeypatch.setattr(TransformerDecoder, "commit_nodes", first_path)
-  monkeypatch.setattr(tree, "from_paths", remember)
-  try:
-    out = _generate(draft, target, "kseq", 3, 2, 4, key=9, tree=True)
-  finally:
-    engine.compiled_program.cache_clear()
-  law = _exact_law(target, 4)
-  stats.assert_rejects(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, "tree commit")
 
 
 _GREEDY_PROMPTS = np.asarray([[1, 2, 3, 0], [3, 3, 0, 0], [0, 1, 2, 3]], np.int32)
@@ -310,7 +178,7 @@ def test_greedy_equals_greedy_target_decoding(
 
 def test_identical_models_accept_every_full_round(models):
   _, target = models
-  out = _generate(target, target, "sd", 1, 3, 12, batch=16)
+  out = generate(target, target, "sd", 1, 3, 12, batch=16)
   s = out.stats
   assert np.all(np.asarray(s.rounds_B) == 3)
   assert np.all(np.asarray(s.tokens_per_round_BxL2)[:, 4] == 3)
@@ -320,7 +188,7 @@ def test_identical_models_accept_every_full_round(models):
 def test_eos_stops_rows(models):
   draft, target = models
   eos = 3  # The target's most likely token.
-  out = _generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos)
+  out = generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos)
   tokens, lengths = np.asarray(out.tokens_BxT), np.asarray(out.lengths_B)
   assert np.any(lengths < 12)
   for row, n in zip(tokens, lengths, strict=True):
@@ -334,25 +202,25 @@ def test_eos_stops_rows(models):
 def test_eos_set_stops_at_any_of_its_ids(models):
   draft, target = models
   eos = (1, 3)
-  out = _generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos)
+  out = generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos)
   tokens, lengths = np.asarray(out.tokens_BxT), np.asarray(out.lengths_B)
   last = {int(row[n - 1]) for row, n in zip(tokens, lengths, strict=True) if n < 12}
   assert last == set(eos)  # Both ids end rows, and nothing else does.
   for row, n in zip(tokens, lengths, strict=True):
     assert not np.isin(row[: n - 1], eos).any()
   with pytest.raises(ValueError, match="non-empty sequence"):
-    _generate(draft, target, "kseq", 2, 3, 12, batch=4, eos_id=[])
+    generate(draft, target, "kseq", 2, 3, 12, batch=4, eos_id=[])
 
 
 def test_nonfinite_logits_are_counted_not_sampled(models):
   draft, target = models
   broken = ModelBundle(target.config, jax.tree.map(lambda x: x * jnp.nan, target.params))
-  out = _generate(draft, broken, "kseq", 2, 2, 6, batch=4)
+  out = generate(draft, broken, "kseq", 2, 2, 6, batch=4)
   assert np.all(np.asarray(out.stats.nonfinite_B) == 1)
   assert np.all(np.asarray(out.stats.nonfinite_draft_B) == 0)
   assert np.all(np.asarray(out.lengths_B) == 0)
   broken = ModelBundle(draft.config, jax.tree.map(lambda x: x * jnp.nan, draft.params))
-  out = _generate(broken, target, "kseq", 2, 2, 6, batch=4)
+  out = generate(broken, target, "kseq", 2, 2, 6, batch=4)
   assert np.all(np.asarray(out.stats.nonfinite_draft_B) == 1)
 
 
@@ -361,7 +229,7 @@ def test_an_invalid_fixed_rho_is_counted_and_exact_rules_never(models):
   draft is likelier than the target; the engine counts them (rho*, rho = K: none)."""
   draft, target = models
   for rho, invalid in (("star", False), ("k", False), (1.0, True)):
-    out = _generate(draft, target, "kseq", 4, 2, 6, batch=64, rho=rho)
+    out = generate(draft, target, "kseq", 4, 2, 6, batch=64, rho=rho)
     count = int(np.sum(np.asarray(out.stats.invalid_BxL1)))
     overshoot = float(np.sum(np.asarray(out.stats.overshoot_BxL1)))
     verified = int(np.sum(np.asarray(out.stats.reached_BxL1)[:, :2]))
@@ -395,9 +263,9 @@ def test_engine_exact_on_model_sharded_mesh(models):
   law is still the target's. The verifiers run the same code on the gathered
   probabilities as on one device, so K-SEQ stands for all of them here."""
   draft, target = models
-  out = _generate(draft, target, "kseq", 3, 2, 4, key=7, mesh=sharding.make_mesh(2, 4))
-  law = _exact_law(target, 4)
-  stats.assert_law(np.bincount(_codes(out.tokens_BxT), minlength=law.size), law, "kseq (2, 4)")
+  out = generate(draft, target, "kseq", 3, 2, 4, key=7, mesh=sharding.make_mesh(2, 4))
+  law = exact_law(target, 4)
+  stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, "kseq (2, 4)")
 
 
 def test_second_call_does_not_recompile(models):

@@ -19,7 +19,7 @@ import pytest
 from spectr_jax import sampling
 from tests import stats
 
-pytestmark = pytest.mark.numerics  # the whole module: .ci/run reruns it optimised
+pytestmark = pytest.mark.numerics  # the whole module: the optimised pass of scripts/test.sh
 
 TV_BOUND = 1e-6
 

@@ -1,0 +1,89 @@
+"""The output law of every method through the engine (K-draft rounds, two draft lengths,
+tails and token trees) against the target's law by enumeration (tests/engine_pair.py)."""
+
+import numpy as np
+import pytest
+
+from spectr_jax import engine, tree
+from spectr_jax.models.protocol import TransformerDecoder
+from tests import engine_pair, stats
+from tests.engine_pair import codes, exact_law, generate, residual_share
+
+
+@pytest.fixture(scope="module")
+def models():
+  return engine_pair.models()
+
+
+_slow = pytest.mark.slow
+# The fast tier checks the law of one K-draft round (K-SEQ); every method's law through
+# the engine, at two draft lengths, is in the slow tier (CI).
+CASES = [
+  pytest.param("autoregressive", 1, 0, marks=_slow),
+  pytest.param("sd", 1, 1, marks=_slow),
+  pytest.param("sd", 1, 2, marks=_slow),
+  ("kseq", 3, 1),
+  pytest.param("kseq", 3, 2, marks=_slow),
+  pytest.param("specinfer", 3, 1, marks=_slow),
+  pytest.param("specinfer", 3, 2, marks=_slow),
+  pytest.param("optimal", 3, 1, marks=_slow),
+  pytest.param("optimal", 3, 2, marks=_slow),
+  pytest.param("rrs", 2, 1, marks=_slow),
+  pytest.param("rrs", 2, 2, marks=_slow),
+  pytest.param("block", 1, 2, marks=_slow),
+  pytest.param("gbv", 3, 2, marks=_slow),
+  pytest.param("gbv_tp", 3, 2, marks=_slow),
+]
+
+
+@pytest.mark.parametrize("method, num_drafts, draft_len", CASES)
+def test_engine_output_law_is_target_law(models, method, num_drafts, draft_len):
+  draft, target = models
+  n = 4 if draft_len == 2 else 3
+  out = generate(draft, target, method, num_drafts, draft_len, n)
+  assert np.all(np.asarray(out.lengths_B) == n)
+  law = exact_law(target, n)
+  stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, method)
+  if draft_len:
+    assert residual_share(out, draft_len) >= 0.2
+    assert float(np.mean(np.asarray(out.stats.rounds_B))) > 1.5  # several rounds: rollback
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["kseq", "gbv"])
+def test_tree_rounds_keep_the_output_law(models, method):
+  """The engine with tree scoring (K = 3, L = 2): the target's law, several rounds."""
+  draft, target = models
+  out = generate(draft, target, method, 3, 2, 4, key=9, tree=True)
+  law = exact_law(target, 4)
+  stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, f"{method} tree")
+  assert residual_share(out, 2) >= 0.2
+  assert float(np.mean(np.asarray(out.stats.rounds_B))) > 1.5
+
+
+@pytest.mark.slow
+def test_tree_rounds_reject_a_commit_of_the_wrong_path(models, monkeypatch):
+  """A tree round that commits path 0's nodes whatever path survived must be caught."""
+  real = TransformerDecoder.commit_nodes
+
+  def first_path(self, cache, slots_BxW, num_B):
+    del slots_BxW
+    return real(self, cache, first_path.slots, num_B)
+
+  real_tree = tree.from_paths
+
+  def remember(last_B, drafts_BxKxL):
+    t = real_tree(last_B, drafts_BxKxL)
+    first_path.slots = t.path_node_BxKxL1[:, 0]
+    return t
+
+  draft, target = models
+  engine.compiled_program.cache_clear()
+  monkeypatch.setattr(TransformerDecoder, "commit_nodes", first_path)
+  monkeypatch.setattr(tree, "from_paths", remember)
+  try:
+    out = generate(draft, target, "kseq", 3, 2, 4, key=9, tree=True)
+  finally:
+    engine.compiled_program.cache_clear()
+  law = exact_law(target, 4)
+  stats.assert_rejects(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, "tree commit")
