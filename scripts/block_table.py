@@ -30,7 +30,7 @@ import itertools
 import numpy as np
 
 from spectr_jax import block_bound, methods, optimal
-from tests import reference, wor_reference
+from tests import reference, sequences, wor_reference
 
 TOL = 1e-5  # tokens per round: "at the bound", "above", "below" (float32 plans)
 
@@ -168,31 +168,9 @@ def bound_of(row: dict, method: str) -> float:
 def random_tree(rng, vocab: int, draft_len: int, kind: str):
   """A random tree of one of the kinds of the module docstring ("a=0.3", "a=1", "a=3",
   "sparse", "ties")."""
-  shape = (draft_len + 1, vocab**draft_len)
-  conc = float(kind[2:]) if kind.startswith("a=") else 1.0
-  p = rng.dirichlet(np.full(vocab, conc), size=shape)
-  q = rng.dirichlet(np.full(vocab, conc), size=shape)
-  for node in itertools.product(range(shape[0]), range(shape[1])):
-    if kind == "sparse":
-      for table in (p, q):
-        keep = rng.random(vocab) < 0.6
-        keep[rng.integers(vocab)] = True
-        table[node] = np.where(keep, table[node], 0.0) / table[node][keep].sum()
-    elif kind == "ties":
-      tied = rng.permutation(vocab)[: rng.integers(2, vocab + 1)]
-      rest = np.setdiff1d(np.arange(vocab), tied)
-      q[node] = 0.0
-      q[node][tied] = p[node][tied]
-      if rest.size:
-        q[node][rest] = (1.0 - p[node][tied].sum()) * rng.dirichlet(np.ones(rest.size))
-  return p, q
-
-
-def constant_tree(p, q, draft_len: int):
-  """A context-independent tree: the same p and q after every prefix."""
-  p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
-  shape = (draft_len + 1, len(p) ** draft_len, len(p))
-  return np.broadcast_to(p, shape).copy(), np.broadcast_to(q, shape).copy()
+  if kind.startswith("a="):
+    return sequences.random_tree(rng, vocab, draft_len, concentration=float(kind[2:]))
+  return sequences.random_tree(rng, vocab, draft_len, kind, concentration=1.0)
 
 
 SHAPES = [
@@ -212,7 +190,7 @@ def cases(num_random: int, seed: int):
   out = []
   for name, (p, q, shapes) in SPEC_EXAMPLES.items():
     for draft_len, num_drafts in shapes:
-      out.append((name, len(p), draft_len, num_drafts, *constant_tree(p, q, draft_len)))
+      out.append((name, len(p), draft_len, num_drafts, *sequences.constant_tree(p, q, draft_len)))
   rng = np.random.default_rng(seed)
   for i in range(num_random):
     vocab, draft_len, num_drafts = SHAPES[i % len(SHAPES)]

@@ -26,24 +26,7 @@ TOY_P, TOY_Q = np.array([1 / 3, 2 / 3]), np.array([2 / 3, 1 / 3])
 
 
 def _tree(seed, vocab, draft_len, conc=0.7):
-  rng = np.random.default_rng(seed)
-  shape = (draft_len + 1, vocab**draft_len)
-  return rng.dirichlet(np.full(vocab, conc), size=shape), rng.dirichlet(
-    np.full(vocab, conc), size=shape
-  )
-
-
-def _constant_tree(p, q, draft_len):
-  shape = (draft_len + 1, len(p) ** draft_len, len(p))
-  return np.broadcast_to(p, shape).copy(), np.broadcast_to(q, shape).copy()
-
-
-def _target_law(q_tab, draft_len):
-  vocab = q_tab.shape[-1]
-  law = np.ones(1)
-  for t in range(draft_len + 1):
-    law = (law[:, None] * q_tab[t, : vocab**t]).ravel()
-  return law
+  return sequences.random_tree(np.random.default_rng(seed), vocab, draft_len, concentration=conc)
 
 
 def _sd_value(p_tab, q_tab, draft_len):
@@ -63,13 +46,13 @@ def _sd_value(p_tab, q_tab, draft_len):
 
 
 def test_sd_value_matches_closed_form():
-  p_tab, q_tab = _constant_tree(TOY_P, TOY_Q, 2)
+  p_tab, q_tab = sequences.constant_tree(TOY_P, TOY_Q, 2)
   assert _sd_value(p_tab, q_tab, 2) == pytest.approx(19 / 9)
 
 
 def test_toy_example_block_is_20_over_9():
   """Sun et al.'s example: token verification 19/9, block verification 20/9 (optimal)."""
-  p_tab, q_tab = _constant_tree(TOY_P, TOY_Q, 2)
+  p_tab, q_tab = sequences.constant_tree(TOY_P, TOY_Q, 2)
   assert block_bound.block_value(p_tab, q_tab, 1, 2) == pytest.approx(20 / 9, abs=1e-6)
   assert block_bound.block_bound(p_tab, q_tab, 1, 2) == pytest.approx(20 / 9, abs=1e-9)
   assert _sd_value(p_tab, q_tab, 2) == pytest.approx(19 / 9)
@@ -90,7 +73,7 @@ def test_exact_output_law_by_enumeration(num_drafts, vocab, draft_len):
   """Sum over every K-tuple of paths of the plan's exact output law = the target law."""
   p_tab, q_tab = _tree(7, vocab, draft_len)
   law, num_law = block_bound.block_law(p_tab, q_tab, num_drafts, draft_len)
-  np.testing.assert_allclose(law, _target_law(q_tab, draft_len), atol=2e-6)
+  np.testing.assert_allclose(law, sequences.target_law(q_tab, draft_len), atol=2e-6)
   value = block_bound.block_value(p_tab, q_tab, num_drafts, draft_len)
   assert num_law @ np.arange(draft_len + 2) == pytest.approx(value, abs=1e-5)
 
@@ -167,7 +150,7 @@ def test_sampled_sequence_law_and_tokens_per_round(method, num_drafts, vocab, dr
   codes, nums = _sample_blocks(
     jax.random.key(5), p_tab, q_tab, num_drafts, draft_len, verify_fn, n=n
   )
-  law = _target_law(q_tab, draft_len)
+  law = sequences.target_law(q_tab, draft_len)
   stats.assert_law(np.bincount(codes, minlength=law.size), law, f"{method} K={num_drafts}")
   assert nums.min() >= 1 and nums.max() <= draft_len + 1
   expected = block_bound.block_value(p_tab, q_tab, num_drafts, draft_len)
@@ -177,9 +160,9 @@ def test_sampled_sequence_law_and_tokens_per_round(method, num_drafts, vocab, dr
 def test_rejects_block_without_residual_correction(monkeypatch):
   """Drawing the correction from q(. | X^tau) instead of the block residual is wrong."""
   monkeypatch.setattr(acceptance, "residual", lambda target_V, mass_V: target_V)
-  p_tab, q_tab = _constant_tree(TOY_P, TOY_Q, 2)
+  p_tab, q_tab = sequences.constant_tree(TOY_P, TOY_Q, 2)
   codes, _ = _sample_blocks(jax.random.key(5), p_tab, q_tab, 1, 2, _fresh)
-  law = _target_law(q_tab, 2)
+  law = sequences.target_law(q_tab, 2)
   stats.assert_rejects(np.bincount(codes, minlength=law.size), law, "block residual = q")
 
 
@@ -194,7 +177,7 @@ def test_rejects_gbv_verified_against_p(monkeypatch):
   monkeypatch.setattr(optimal, "select_draft", against_p)
   p_tab, q_tab = _tree(3, 3, 2)
   codes, _ = _sample_blocks(jax.random.key(5), p_tab, q_tab, 3, 2, _fresh, n=N_GBV)
-  law = _target_law(q_tab, 2)
+  law = sequences.target_law(q_tab, 2)
   stats.assert_rejects(np.bincount(codes, minlength=law.size), law, "gbv against p")
 
 

@@ -27,47 +27,7 @@ N = 100_000
 
 
 def _tree(seed, vocab, draft_len, kind="random"):
-  """(p_tab, q_tab) float64 of shape (L + 1) x V^L x V (block_bound's tree layout).
-
-  kind: "random" (Dirichlet), "sparse" (random zeros in p and q: ratio-0 ties, undrafted
-  tokens), "one-hot" (q one-hot everywhere, p one-hot at half the nodes), "ties" (q = p
-  on a random set of >= 2 tokens per node, ratio-1 ties; q = p at some nodes).
-  """
-  rng = np.random.default_rng(seed)
-  shape = (draft_len + 1, vocab**draft_len)
-  p = rng.dirichlet(np.full(vocab, 0.7), size=shape)
-  q = rng.dirichlet(np.full(vocab, 0.7), size=shape)
-  for node in itertools.product(range(shape[0]), range(shape[1])):
-    if kind == "sparse":
-      for table in (p, q):
-        keep = rng.random(vocab) < 0.6
-        keep[rng.integers(vocab)] = True
-        table[node] = np.where(keep, table[node], 0.0) / table[node][keep].sum()
-    elif kind == "one-hot":
-      q[node] = np.eye(vocab)[rng.integers(vocab)]
-      if rng.random() < 0.5:
-        p[node] = np.eye(vocab)[rng.integers(vocab)]
-    elif kind == "ties":
-      tied = rng.permutation(vocab)[: rng.integers(2, vocab + 1)]
-      rest = np.setdiff1d(np.arange(vocab), tied)
-      q[node] = 0.0
-      q[node][tied] = p[node][tied]
-      if rest.size:
-        q[node][rest] = (1.0 - p[node][tied].sum()) * rng.dirichlet(np.ones(rest.size))
-  return p, q
-
-
-def _constant_tree(p, q, draft_len):
-  shape = (draft_len + 1, len(p) ** draft_len, len(p))
-  return np.broadcast_to(p, shape).copy(), np.broadcast_to(q, shape).copy()
-
-
-def _target_law(q_tab, draft_len):
-  vocab = q_tab.shape[-1]
-  law = np.ones(1)
-  for t in range(draft_len + 1):
-    law = (law[:, None] * q_tab[t, : vocab**t]).ravel()
-  return law
+  return sequences.random_tree(np.random.default_rng(seed), vocab, draft_len, kind)
 
 
 def _definition_rank(p, q):
@@ -111,7 +71,7 @@ def test_ratio_rank_is_the_definition():
 def test_p_equals_q_matches_spec_and_is_not_monotone_in_k():
   """SPEC 5: p = q (uniform, V = 2), L = 1: 2.00, 1.75, 1.625 tokens per round for
   K = 1, 2, 3: the skewed law moves away from q as K grows. The bound stays at 2."""
-  p_tab, q_tab = _constant_tree([0.5, 0.5], [0.5, 0.5], 1)
+  p_tab, q_tab = sequences.constant_tree([0.5, 0.5], [0.5, 0.5], 1)
   values = [block_bound.block_value(p_tab, q_tab, k, 1, method="gbv_tp") for k in (1, 2, 3)]
   np.testing.assert_allclose(values, [2.0, 1.75, 1.625], atol=1e-12)
   assert block_bound.block_bound(p_tab, q_tab, 3, 1) == pytest.approx(2.0, abs=1e-9)
@@ -148,7 +108,7 @@ def test_exact_output_law_by_enumeration(kind, vocab, num_drafts, draft_len):
   closed-form skewed law, block-verified: the output is the target's law to 1e-12."""
   p_tab, q_tab = _tree(vocab * 10 + num_drafts, vocab, draft_len, kind)
   law, num_law = block_bound.block_law(p_tab, q_tab, num_drafts, draft_len, method="gbv_tp")
-  np.testing.assert_allclose(law, _target_law(q_tab, draft_len), rtol=0, atol=1e-12)
+  np.testing.assert_allclose(law, sequences.target_law(q_tab, draft_len), rtol=0, atol=1e-12)
   value = block_bound.block_value(p_tab, q_tab, num_drafts, draft_len, method="gbv_tp")
   assert num_law @ np.arange(draft_len + 2) == pytest.approx(value, abs=1e-12)
   assert 1.0 <= value <= block_bound.block_bound(p_tab, q_tab, num_drafts, draft_len) + 1e-9
@@ -160,7 +120,7 @@ def test_inconsistent_tie_orders_are_rejected_by_enumeration(
 ):
   p_tab, q_tab = _tree(vocab * 10 + num_drafts, vocab, draft_len, "ties")
   law, _ = block_bound.block_law(p_tab, q_tab, num_drafts, draft_len, method="gbv_tp")
-  target = _target_law(q_tab, draft_len)
+  target = sequences.target_law(q_tab, draft_len)
   np.testing.assert_allclose(law, target, rtol=0, atol=1e-12)
   _reversed_ties(monkeypatch)
   broken, _ = block_bound.block_law(p_tab, q_tab, num_drafts, draft_len, method="gbv_tp")
@@ -266,7 +226,7 @@ def _through_verify_block(key, drafts, p, q):
 def test_sampled_sequence_law_through_verify_block(kind, vocab, num_drafts, draft_len):
   p_tab, q_tab = _tree(3, vocab, draft_len, kind)
   codes, nums = _sampled(p_tab, q_tab, num_drafts, draft_len, _through_verify_block)
-  law = _target_law(q_tab, draft_len)
+  law = sequences.target_law(q_tab, draft_len)
   stats.assert_law(np.bincount(codes, minlength=law.size), law, f"gbv_tp {kind}")
   expected = block_bound.block_value(p_tab, q_tab, num_drafts, draft_len, method="gbv_tp")
   stats.assert_mean(nums, expected, f"gbv_tp {kind} tokens per round")
@@ -276,12 +236,12 @@ def test_sampled_sequence_law_through_verify_block(kind, vocab, num_drafts, draf
 def test_sampled_inconsistent_tie_orders_are_rejected(monkeypatch):
   """The broken variant, sampled (the verifier traced afresh with the patched order)."""
   _reversed_ties(monkeypatch)
-  p_tab, q_tab = _constant_tree([0.5, 0.5], [0.5, 0.5], 2)
+  p_tab, q_tab = sequences.constant_tree([0.5, 0.5], [0.5, 0.5], 2)
 
   def fresh(key, drafts, p, q):
     tokens_L1, num, _ = block.verify_tp_paths(key, drafts, p, q)
     return tokens_L1, num
 
   codes, _ = _sampled(p_tab, q_tab, 2, 2, fresh, n=20_000)
-  law = _target_law(q_tab, 2)
+  law = sequences.target_law(q_tab, 2)
   stats.assert_rejects(np.bincount(codes, minlength=law.size), law, "gbv_tp, reversed CDF ties")
