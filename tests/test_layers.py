@@ -30,6 +30,7 @@ ORDER = (
   "block_bound",
   "verify",
   "drafting",
+  "tree",
   "models",
   "data",
   "config",
