@@ -9,8 +9,13 @@ make the block efficiency meaningless (the models disagree); the cost split and 
 latency-model check do not depend on it. Eight configurations by default; compile plus
 run is meant to fit in 10 minutes on one GPU.
 
+Then the rounds of `--tree_configs` (default kseq:8:8; "" skips them) as K tails and as
+token trees, side by side (`bench_tree.compare`: target positions, target call and round
+times, block efficiency).
+
 Usage: python scripts/bench_device.py [--small] [--draft RUN --target RUN]
-         [--configs autoregressive:1:0,sd:1:4,...] [--batch 8] [--max_new_tokens 64]
+         [--configs autoregressive:1:0,sd:1:4,...] [--tree_configs kseq:8:8] [--batch 8]
+         [--max_new_tokens 64]
 `--small` uses tiny models (a CPU smoke test of the script).
 """
 
@@ -21,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from bench_decode import bench, format_table
+from bench_tree import compare, format_rows
 
 from spectr_jax import pairs
 from spectr_jax.config import DecodeSettings
@@ -62,6 +68,9 @@ def main():
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--dtype", default="bfloat16")
   parser.add_argument("--configs", default=CONFIGS, help="method:K:L,...")
+  parser.add_argument(
+    "--tree_configs", default="kseq:8:8", help="method:K:L,... timed as tails and as trees"
+  )
   args = parser.parse_args()
   start = time.perf_counter()
   if args.small:
@@ -97,6 +106,16 @@ def main():
   rows = bench(draft, target, prompts, lengths, configs, settings, args.repeats)
   print()
   print(format_table(rows, rows[0]))
+  if args.tree_configs:
+    tree_configs = [
+      (m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.tree_configs.split(","))
+    ]
+    batch = (prompts, lengths)
+    tree_rows = compare(
+      draft, target, batch, batch, tree_configs, args.max_new_tokens, args.repeats
+    )
+    print("\nTails against token trees (scripts/bench_tree.py):\n")
+    print(format_rows(tree_rows))
   print(f"\ntotal {time.perf_counter() - start:.0f} s (compile and run)")
 
 

@@ -74,24 +74,13 @@ def paired_interval(a, b):
   return f"{d.mean():+.3f} [{d.mean() - half:+.3f}, {d.mean() + half:+.3f}]"
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--configs", default="kseq:4:4,kseq:8:4,kseq:8:8")
-  parser.add_argument("--batch", type=int, default=4, help="rows of the timed rounds")
-  parser.add_argument("--prompts", type=int, default=100, help="prompts of the efficiency runs")
-  parser.add_argument("--prompt_len", type=int, default=8)
-  parser.add_argument("--max_new_tokens", type=int, default=64)
-  parser.add_argument("--repeats", type=int, default=5)
-  args = parser.parse_args()
-  workdir = pathlib.Path(os.environ.get("SPECTR_WORKDIR", "~/.cache/spectr_jax")).expanduser()
-  draft, target, heldout, what = load_pair(workdir)
-  vocab = target.config.vocab_size
-  timed = bench_prompts(heldout, args.batch, args.prompt_len, vocab)
-  many = bench_prompts(heldout, args.prompts, args.prompt_len, vocab)
-  configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
+def compare(draft, target, timed, many, configs, max_new_tokens, repeats):
+  """One row per (method, K, L) of `configs`: tails against trees (see the module
+  docstring); `timed` and `many` are (prompts_BxP, lengths_B) of the timed rounds and of
+  the efficiency runs."""
   timers, rows = {}, []
   for i, (method, k, length) in enumerate(configs):
-    run = functools.partial(decode, draft, target, *many, method, k, length, args.max_new_tokens)
+    run = functools.partial(decode, draft, target, *many, method, k, length, max_new_tokens)
     tails, trees = run(False), run(True)
     rows.append(
       dict(
@@ -112,22 +101,45 @@ def main():
     )
     for use_tree in (False, True):
       spec = engine.DecodeSpec(
-        method, k, length, args.max_new_tokens, None, False, "star", draft.config,
+        method, k, length, max_new_tokens, None, False, "star", draft.config,
         target.config, tree=use_tree,
       )  # fmt: skip
       parts = part_timers(spec, draft, target, *timed)
       timers[(i, use_tree, "target")] = parts["target"]
       timers[(i, use_tree, "round")] = parts["round loop"]
-    print(f"prepared {method}:{k}:{length} ({i + 1}/{len(configs)})", flush=True)
-  medians = interleaved_medians(timers, args.repeats)
+    print(f"prepared tails and tree {method}:{k}:{length} ({i + 1}/{len(configs)})", flush=True)
+  medians = interleaved_medians(timers, repeats)
   for i, row in enumerate(rows):
     for part in ("target", "round"):
       tails_ms, tree_ms = (1e3 * medians[(i, t, part)] / CALLS for t in (False, True))
       row.update({f"{part}_tails": tails_ms, f"{part}_tree": tree_ms})
       row[f"{part}_ratio"] = tree_ms / tails_ms
+  return rows
+
+
+def format_rows(rows) -> str:
+  return markdown_table(rows, COLS)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--configs", default="kseq:4:4,kseq:8:4,kseq:8:8")
+  parser.add_argument("--batch", type=int, default=4, help="rows of the timed rounds")
+  parser.add_argument("--prompts", type=int, default=100, help="prompts of the efficiency runs")
+  parser.add_argument("--prompt_len", type=int, default=8)
+  parser.add_argument("--max_new_tokens", type=int, default=64)
+  parser.add_argument("--repeats", type=int, default=5)
+  args = parser.parse_args()
+  workdir = pathlib.Path(os.environ.get("SPECTR_WORKDIR", "~/.cache/spectr_jax")).expanduser()
+  draft, target, heldout, what = load_pair(workdir)
+  vocab = target.config.vocab_size
+  timed = bench_prompts(heldout, args.batch, args.prompt_len, vocab)
+  many = bench_prompts(heldout, args.prompts, args.prompt_len, vocab)
+  configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
+  rows = compare(draft, target, timed, many, configs, args.max_new_tokens, args.repeats)
   print(f"\n{what}: {args.prompts} prompts for the efficiencies, {args.batch} rows timed, ")
   print(f"{jax.devices()[0].platform}, {args.repeats} interleaved repeats\n")
-  print(markdown_table(rows, COLS))
+  print(format_rows(rows))
 
 
 if __name__ == "__main__":

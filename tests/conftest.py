@@ -9,10 +9,11 @@ if "xla_force_host_platform_device_count" not in _flags:
   _flags += " --xla_force_host_platform_device_count=8"
 # The suite compiles thousands of small programs and runs each a few times: compiling
 # without LLVM's optimisation passes makes it about 1.5x faster on CPU. Values can differ
-# from the optimised build in the last bits (other instruction choices), and loops over
-# large vocabularies run much slower unoptimised, so the tests marked `numerics` (float32
-# at LLM vocabularies) run in their own pass with XLA's default level (scripts/test.sh
-# sets SPECTR_TEST_OPTIMIZED=1 for it; any run may).
+# from the optimised build in the last bits (other instruction choices), and programs run
+# slower unoptimised (loops over large vocabularies much slower; a 50k-row engine decode
+# 14 s against 6 s), so the tests marked `numerics` (float32 at LLM vocabularies) or
+# `execution_bound` (mostly running programs) run in their own pass with XLA's default
+# level (scripts/test.sh sets SPECTR_TEST_OPTIMIZED=1 for it; any run may).
 _optimized = os.environ.get("SPECTR_TEST_OPTIMIZED") == "1"
 if not _optimized and "xla_backend_optimization_level" not in _flags:
   _flags += " --xla_backend_optimization_level=0"

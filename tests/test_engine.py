@@ -25,6 +25,7 @@ _slow = pytest.mark.slow
 
 
 @pytest.mark.slow
+@pytest.mark.execution_bound
 @pytest.mark.parametrize("temperature, top_k", [(0.6, None), (1.5, 3), (1.0, 2)])
 def test_engine_exact_for_transformed_target(models, temperature, top_k):
   draft, target = models
@@ -35,6 +36,7 @@ def test_engine_exact_for_transformed_target(models, temperature, top_k):
 
 
 @pytest.mark.slow
+@pytest.mark.execution_bound
 def test_engine_rrs_with_fewer_tokens_than_drafts(models):
   """Top-k = 2 leaves the draft 2 tokens for K = 3 drafts without replacement: the third
   path copies the first, and the output law stays the (transformed) target's."""
@@ -46,6 +48,7 @@ def test_engine_rrs_with_fewer_tokens_than_drafts(models):
 
 
 @pytest.mark.slow
+@pytest.mark.execution_bound
 def test_engine_fixed_rho_and_rho_k(models):
   draft, target = models
   law = exact_law(target, 4)
@@ -56,6 +59,7 @@ def test_engine_fixed_rho_and_rho_k(models):
 
 
 @pytest.mark.slow
+@pytest.mark.execution_bound
 def test_engine_rejects_broken_rollback(models, monkeypatch):
   """An engine that keeps the rejected draft tokens in its caches must be caught."""
 
@@ -258,6 +262,7 @@ def test_row_randomness_is_per_prompt(models):
 
 
 @pytest.mark.slow
+@pytest.mark.execution_bound
 def test_engine_exact_on_model_sharded_mesh(models):
   """On a (2, 4) mesh (rows over data, heads, MLP and vocabulary over model) the output
   law is still the target's. The verifiers run the same code on the gathered

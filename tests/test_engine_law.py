@@ -9,6 +9,8 @@ from spectr_jax.models.protocol import TransformerDecoder
 from tests import engine_pair, stats
 from tests.engine_pair import codes, exact_law, generate, residual_share
 
+pytestmark = pytest.mark.execution_bound  # 50k-sample decodes: the optimised pass
+
 
 @pytest.fixture(scope="module")
 def models():

@@ -91,6 +91,7 @@ def _sample(pair, method, key, **kw):
 
 
 @pytest.mark.slow
+@pytest.mark.execution_bound
 def test_spectr_samples_as_likely_as_autoregressive(pair, monkeypatch):
   reference, _ = _sample(pair, "autoregressive", 0)
   for method, k, n in (("kseq", 4, 4), ("specinfer", 4, 4), ("sd", 1, 3)):

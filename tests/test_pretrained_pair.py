@@ -123,6 +123,7 @@ def _law(bundle, seqs_ExT, full_ExW):
 
 
 @pytest.mark.slow
+@pytest.mark.execution_bound
 @pytest.mark.parametrize("method, num_drafts", [("kseq", 3), ("sd", 1)])
 def test_engine_is_exact_on_a_loaded_gemma2_pair(tmp_path, method, num_drafts):
   draft_dir, target_dir = _pair_dirs(tmp_path, "gemma2")

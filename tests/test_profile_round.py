@@ -63,3 +63,27 @@ def test_busy_and_span_of_a_loop(profile_round):
   fn = jax.jit(lambda x: jax.lax.fori_loop(0, 8, lambda _, y: jnp.sin(y @ y.T) + 1.0, x))
   ops, busy, span = profile_round.busy_and_span(fn, (jnp.ones((64, 64)),), repeats=2)
   assert ops >= 16 and busy > 0 and span > 0
+
+
+@pytest.mark.slow
+def test_bench_tree_prints_tails_beside_trees():
+  """scripts/bench_tree.py (also run by bench_device.py): both kinds of round on the same
+  prompts and keys give the same block efficiency, the tree scores no more positions,
+  and every timer of the table is filled."""
+  sys.path.insert(0, str(_SCRIPTS))  # the script imports bench_decode beside it
+  try:
+    spec = importlib.util.spec_from_file_location("bench_tree", _SCRIPTS / "bench_tree.py")
+    bench_tree = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_tree)
+  finally:
+    sys.path.remove(str(_SCRIPTS))
+  v, b, width = 8, 3, 4
+  configs = [get_model_config(name, v, max_len=32) for name in ("draft-test", "target-test")]
+  draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
+  prompts = (jnp.ones((b, width), jnp.int32), jnp.full((b,), width))
+  (row,) = bench_tree.compare(draft, target, prompts, prompts, [("kseq", 3, 2)], 6, repeats=1)
+  assert row["be_tree"] == pytest.approx(row["be_tails"], abs=0.2)  # same draws, float32 aside
+  assert row["pos_tails"] == 9 and 3 <= row["pos_tree"] <= 9
+  assert row["nodes"] <= row["pos_tree"]
+  assert all(row[k] > 0 for k in ("target_tails", "target_tree", "round_tails", "round_tree"))
+  assert bench_tree.format_rows([row]).count("\n") == 2
