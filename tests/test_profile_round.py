@@ -14,16 +14,21 @@ from spectr_jax.models import ModelBundle, get_model_config, init_params
 _SCRIPTS = pathlib.Path(__file__).parents[1] / "scripts"
 
 
-@pytest.fixture(scope="module")
-def profile_round():
-  sys.path.insert(0, str(_SCRIPTS))  # the script imports bench_decode beside it
+def _script(name):
+  """The module of scripts/<name>.py (which imports bench_decode beside it)."""
+  sys.path.insert(0, str(_SCRIPTS))
   try:
-    spec = importlib.util.spec_from_file_location("profile_round", _SCRIPTS / "profile_round.py")
+    spec = importlib.util.spec_from_file_location(name, _SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
   finally:
     sys.path.remove(str(_SCRIPTS))
   return module
+
+
+@pytest.fixture(scope="module")
+def profile_round():
+  return _script("profile_round")
 
 
 @pytest.mark.slow
@@ -70,13 +75,7 @@ def test_bench_tree_prints_tails_beside_trees():
   """scripts/bench_tree.py (also run by bench_device.py): both kinds of round on the same
   prompts and keys give the same block efficiency, the tree scores no more positions,
   and every timer of the table is filled."""
-  sys.path.insert(0, str(_SCRIPTS))  # the script imports bench_decode beside it
-  try:
-    spec = importlib.util.spec_from_file_location("bench_tree", _SCRIPTS / "bench_tree.py")
-    bench_tree = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_tree)
-  finally:
-    sys.path.remove(str(_SCRIPTS))
+  bench_tree = _script("bench_tree")
   v, b, width = 8, 3, 4
   configs = [get_model_config(name, v, max_len=32) for name in ("draft-test", "target-test")]
   draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
