@@ -8,15 +8,17 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   _flags += " --xla_force_host_platform_device_count=8"
 # The suite compiles thousands of small programs and runs each a few times: compiling
-# without LLVM's optimisation passes makes it about 1.5x faster on CPU. Values can differ
-# from the optimised build in the last bits (other instruction choices), and programs run
-# slower unoptimised (loops over large vocabularies much slower; a 50k-row engine decode
-# 14 s against 6 s), so the tests marked `numerics` (float32 at LLM vocabularies) or
-# `execution_bound` (mostly running programs) run in their own pass with XLA's default
-# level (scripts/test.sh sets SPECTR_TEST_OPTIMIZED=1 for it; any run may).
-_optimized = os.environ.get("SPECTR_TEST_OPTIMIZED") == "1"
-if not _optimized and "xla_backend_optimization_level" not in _flags:
-  _flags += " --xla_backend_optimization_level=0"
+# without most of XLA's optimisations (`jax_disable_most_optimizations`: LLVM at -O0)
+# makes it about 1.5x faster on CPU. Values can differ from the optimised build in the
+# last bits (other instruction choices), and programs run slower unoptimised (loops over
+# large vocabularies much slower; a 50k-row engine decode 14 s against 6 s), so the tests
+# marked `numerics` (float32 at LLM vocabularies) or `execution_bound` (mostly running
+# programs) compile with XLA's default level: `pytest_runtest_setup` switches per test,
+# and each module runs its optimised tests last. SPECTR_TEST_OPTIMIZED=1 optimises every
+# program. Set in the environment, so subprocesses (the multi-process tests) inherit it.
+OPTIMISED_MARKERS = ("numerics", "execution_bound")
+_optimise_all = os.environ.get("SPECTR_TEST_OPTIMIZED") == "1"
+os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0" if _optimise_all else "1"
 os.environ["XLA_FLAGS"] = _flags.strip()
 
 import pytest  # noqa: E402
@@ -42,13 +44,39 @@ def pytest_configure(config):
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
+def _optimised(item):
+  return _optimise_all or any(item.get_closest_marker(m) for m in OPTIMISED_MARKERS)
+
+
 def pytest_collection_modifyitems(config, items):
+  # Within each module the optimised tests run last (a stable sort keeps every other
+  # order), so a module switches the compile level at most once.
+  modules = {}
+  for item in items:
+    modules.setdefault(item.module, len(modules))
+  items.sort(key=lambda item: (modules[item.module], _optimised(item)))
   if config.getoption("--runslow"):
     return
   skip_slow = pytest.mark.skip(reason="slow: run with --runslow")
   for item in items:
     if "slow" in item.keywords:
       item.add_marker(skip_slow)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+  """Sets the compile level of the test (see OPTIMISED_MARKERS) before any of its fixtures
+  is built. Programs compiled at the other level are dropped: JAX's in-memory caches do
+  not key on it (the persistent cache does)."""
+  import jax
+
+  from spectr_jax import engine
+
+  unoptimised = not _optimised(item)
+  if jax.config.values["jax_disable_most_optimizations"] != unoptimised:
+    engine.compiled_program.cache_clear()
+    jax.clear_caches()
+    jax.config.update("jax_disable_most_optimizations", unoptimised)
 
 
 @pytest.fixture(autouse=True, scope="module")

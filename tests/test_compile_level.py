@@ -1,0 +1,34 @@
+"""The suite's compile levels (tests/conftest.py): unmarked tests compile without most
+of XLA's optimisations, those marked `numerics` or `execution_bound` with its default
+build, and a module runs its optimised tests last."""
+
+import os
+
+import jax
+import pytest
+
+_ran = []
+_quick = os.environ.get("SPECTR_TEST_OPTIMIZED") != "1"
+
+
+def _quick_compiles():
+  return jax.config.values["jax_disable_most_optimizations"]
+
+
+@pytest.mark.numerics
+def test_numerics_tests_compile_optimised():
+  _ran.append("numerics")
+  assert not _quick_compiles()
+  if _quick:  # moved after the unmarked test below
+    assert _ran == ["unmarked", "numerics"]
+
+
+def test_unmarked_tests_compile_quickly():
+  _ran.append("unmarked")
+  assert _quick_compiles() == _quick
+  assert os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] == str(int(_quick))  # subprocesses
+
+
+@pytest.mark.execution_bound
+def test_execution_bound_tests_compile_optimised():
+  assert not _quick_compiles()
