@@ -93,6 +93,7 @@ def test_trajectories_mark_positions_after_eos(pair):
   np.testing.assert_array_equal(in_sentence, [[1, 1, 0, 0], [1, 1, 1, 1]])
 
 
+@pytest.mark.slow
 def test_rho_ablation_runs_and_caches(pair, tmp_path, monkeypatch):
   config = RhoAblationConfig.from_dict(rho_ablation_config.get_config("test").to_dict())
   sweep = dataclasses.replace(

@@ -18,13 +18,14 @@ def models():
 
 
 _slow = pytest.mark.slow
-# The fast tier checks the law of one K-draft round (K-SEQ); every method's law through
-# the engine, at two draft lengths, is in the slow tier (CI).
+# Every method's law through the engine, at two draft lengths, is in the slow tier (CI):
+# the fast tier checks the engine by its greedy, tree-q and counting tests
+# (tests/test_engine.py) and the verifiers' laws in tests/test_verify.py.
 CASES = [
   pytest.param("autoregressive", 1, 0, marks=_slow),
   pytest.param("sd", 1, 1, marks=_slow),
   pytest.param("sd", 1, 2, marks=_slow),
-  ("kseq", 3, 1),
+  pytest.param("kseq", 3, 1, marks=_slow),
   pytest.param("kseq", 3, 2, marks=_slow),
   pytest.param("specinfer", 3, 1, marks=_slow),
   pytest.param("specinfer", 3, 2, marks=_slow),

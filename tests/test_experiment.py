@@ -463,6 +463,7 @@ def test_a_cell_with_non_finite_logits_is_not_saved(pair, tmp_path):
   )
 
 
+@pytest.mark.slow
 def test_refuse_inexact_stops_at_an_invalid_rho(pair, tmp_path):
   config = sweep_config(tmp_path, methods=("kseq",), rhos=("star", 1.0), shard=False)
   records = experiment.run_sweep(config, pair)

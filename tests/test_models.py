@@ -542,6 +542,7 @@ def test_the_registry_refuses_a_second_family_of_a_name_or_model_type():
   assert register_family(toy_family.FAMILY) is register_family(toy_family.FAMILY)
 
 
+@pytest.mark.slow
 def test_a_family_added_as_one_module_decodes_in_the_engine_and_shards_by_its_axes():
   """tests/toy_family.py, registered: greedy K-SEQ decoding of it (with a PaLM draft)
   equals greedy decoding of its full forward, and its new `gate` parameter is placed by
