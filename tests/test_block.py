@@ -137,7 +137,7 @@ def _fresh(key, drafts, p, q):
   "method, num_drafts, vocab, draft_len, n",
   [
     ("block", 1, 3, 2, N),
-    ("gbv", 3, 3, 2, N_GBV),
+    pytest.param("gbv", 3, 3, 2, N_GBV, marks=pytest.mark.slow),
     pytest.param("gbv", 2, 2, 3, N, marks=pytest.mark.slow),
   ],
 )

@@ -218,14 +218,15 @@ def test_eos_set_stops_at_any_of_its_ids(models):
 
 
 def test_nonfinite_logits_are_counted_not_sampled(models):
+  """(The program of tests/test_engine.py::test_eos_stops_rows: compiled once.)"""
   draft, target = models
   broken = ModelBundle(target.config, jax.tree.map(lambda x: x * jnp.nan, target.params))
-  out = generate(draft, broken, "kseq", 2, 2, 6, batch=4)
+  out = generate(draft, broken, "kseq", 2, 3, 12, batch=64, eos_id=3)
   assert np.all(np.asarray(out.stats.nonfinite_B) == 1)
   assert np.all(np.asarray(out.stats.nonfinite_draft_B) == 0)
   assert np.all(np.asarray(out.lengths_B) == 0)
   broken = ModelBundle(draft.config, jax.tree.map(lambda x: x * jnp.nan, draft.params))
-  out = generate(broken, target, "kseq", 2, 2, 6, batch=4)
+  out = generate(broken, target, "kseq", 2, 3, 12, batch=64, eos_id=3)
   assert np.all(np.asarray(out.stats.nonfinite_draft_B) == 1)
 
 

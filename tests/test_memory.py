@@ -114,7 +114,9 @@ def test_published_sizes_match_the_hub_parameter_counts():
 
 
 @pytest.mark.parametrize(
-  "module,devices", [(pod_gemma2_9b_v5e8, 8), (pod_llama_v4_32, 16)], ids=["gemma2", "llama"]
+  "module,devices",
+  [pytest.param(pod_gemma2_9b_v5e8, 8, marks=pytest.mark.slow), (pod_llama_v4_32, 16)],
+  ids=["gemma2", "llama"],
 )
 def test_example_pod_configs_fit_their_device(module, devices):
   config = SweepConfig.from_dict(module.get_config().to_dict())

@@ -466,7 +466,7 @@ def _check_plan_against_reference(plan, p_V, q_V, k, what):
 @pytest.mark.parametrize(
   "vocab",
   [
-    4096,
+    pytest.param(4096, marks=pytest.mark.slow),
     32000,
     pytest.param(131072, marks=pytest.mark.slow),
     pytest.param(262144, marks=pytest.mark.slow),

@@ -26,7 +26,11 @@ def _node_prefix(t, b, node):
   return tuple(reversed(out))
 
 
-@pytest.mark.parametrize("k, length, v", [(1, 3, 2), (3, 1, 2), (4, 3, 2), (5, 4, 3), (8, 2, 4)])
+@pytest.mark.parametrize(
+  "k, length, v",
+  [(1, 3, 2), (3, 1, 2), (4, 3, 2)]
+  + [pytest.param(*c, marks=pytest.mark.slow) for c in ((5, 4, 3), (8, 2, 4))],
+)
 def test_the_tree_has_one_node_per_distinct_prefix_and_keeps_multiplicities(k, length, v):
   rng = np.random.default_rng(k * 100 + length)
   drafts = rng.integers(0, v, (6, k, length)).astype(np.int32)

@@ -383,7 +383,15 @@ def _check_round(model: _Model, inputs, tree_BxNxV, nxt_BxKxTxV, atol=None):
     np.testing.assert_allclose(nxt_BxKxTxV[b, 0], ref[b, len(k) : len(k) + 2], rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("family", [*hf_checkpoints.FAMILIES, "mistral"])
+# Gemma 2 (soft-caps, alternating windows) and Mistral (a window that bites) in the fast
+# tier; the other families with --runslow.
+@pytest.mark.parametrize(
+  "family",
+  [
+    pytest.param(f, marks=() if f in ("gemma2", "mistral") else pytest.mark.slow)
+    for f in [*hf_checkpoints.FAMILIES, "mistral"]
+  ],
+)
 def test_every_family_scores_a_tree_as_the_causal_forward_of_each_path(family, tmp_path):
   """Llama (llama3 rope scaling), Qwen2 (biases), Gemma, Gemma 2 (soft-caps, a window of
   4 on the even layers), GPT-2 (learned positions) and Mistral (a window of 2 on every
