@@ -70,6 +70,7 @@ def test_summary_separates_below_rho_star_from_invalid():
   assert rows["rho*"]["positions"] == 2 and "invalid" not in rows["specinfer"]
 
 
+@pytest.mark.slow
 def test_trajectories_hold_the_models_distributions(pair):
   prompts = data.make_prompts(pair.heldout, 3, 4, seed=0)
   traj = analysis.collect_trajectories(pair.draft, pair.target, prompts, 5, jax.random.key(0))

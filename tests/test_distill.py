@@ -88,6 +88,7 @@ def _heldout(num=12, length=10):
   return TokenizedSplit.from_ids([list(x) for x in ids])
 
 
+@pytest.mark.slow
 def test_a_copy_of_the_draft_as_target_gives_zero_loss_and_acceptance_one():
   draft, _ = _models()
   copy = ModelBundle(draft.config, jax.tree.map(jnp.array, draft.params))

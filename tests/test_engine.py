@@ -180,6 +180,7 @@ def test_greedy_equals_greedy_target_decoding(
   np.testing.assert_array_equal(np.asarray(spec.tokens_BxT), greedy_target)
 
 
+@pytest.mark.slow
 def test_identical_models_accept_every_full_round(models):
   _, target = models
   out = generate(target, target, "sd", 1, 3, 12, batch=16)

@@ -170,6 +170,7 @@ def test_any_levels_give_the_exact_law():
     assert hit <= _bound64(p, q, k) + 1e-12
 
 
+@pytest.mark.slow
 def test_restricted_cuts_stay_exact_and_shortfall_is_the_gap():
   """Few candidate cuts: still exact; accept = alpha* - shortfall; broken r is caught."""
   rng = np.random.default_rng(11)

@@ -433,6 +433,7 @@ def test_block_sequence_law_and_length(draft_len, sparse):
     stats.assert_mean(nums, expected, f"{what} num_tokens")
 
 
+@pytest.mark.slow
 def test_block_rejects_specinfer_rule_on_drafts_without_replacement():
   """The same walk with SpecInfer's rule (the draft law not renormalised) is caught; at
   this root it puts total variation 0.053 on the first token."""
