@@ -454,6 +454,11 @@ class PairConfig(Schema):
     return found
 
 
+# Metadata of a config field whose default value is left out of a cell's key
+# (`DecodeSettings.cell_fields`).
+KEY_WHEN_SET = "key_when_set"
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings(Schema):
   """How prompts are drawn and decoded (everything of a cell but method, K, L, rho, seed).
@@ -466,6 +471,12 @@ class DecodeSettings(Schema):
     prompt_len: sentence tokens per prompt (after BOS).
     max_new_tokens: tokens generated per prompt.
     stop_at_eos: stop a row at EOS (False: decode on into the next sentence).
+    tree: score each round's K drafts as their token tree (`engine.generate(tree=True)`:
+      the same output law, each distinct prefix scored once).
+
+  A field added after results were first stored carries `KEY_WHEN_SET` in its metadata:
+  a cell's record (and so its key) holds it only where it differs from its default, so
+  the cells stored before it keep their keys (`cell_fields`).
   """
 
   temperature: float = 1.0
@@ -475,6 +486,7 @@ class DecodeSettings(Schema):
   prompt_len: int = 8
   max_new_tokens: int = 64
   stop_at_eos: bool = False
+  tree: bool = dataclasses.field(default=False, metadata={KEY_WHEN_SET: True})
 
   def __post_init__(self):
     _integers("num_prompts", [self.num_prompts], 1)
@@ -485,14 +497,26 @@ class DecodeSettings(Schema):
       raise ValueError(f"temperature must be finite and >= 0, got {self.temperature!r}")
     if not (isinstance(self.top_p, numbers.Real) and 0 < self.top_p <= 1):
       raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+    for name in ("stop_at_eos", "tree"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
     # Normalise the types, so equal settings hash (and key cells) equally.
     object.__setattr__(self, "temperature", float(self.temperature))
     object.__setattr__(self, "top_k", int(self.top_k))
     object.__setattr__(self, "top_p", float(self.top_p))
 
+  def cell_fields(self) -> dict[str, Any]:
+    """The settings as a cell's record holds them: every field, except a `KEY_WHEN_SET`
+    field at its default."""
+    return {
+      f.name: getattr(self, f.name)
+      for f in dataclasses.fields(self)
+      if not (f.metadata.get(KEY_WHEN_SET) and getattr(self, f.name) == f.default)
+    }
+
   def sampling_args(self, eos_ids: Sequence[int] = (EOS_ID,)) -> dict[str, Any]:
     """The `engine.generate` arguments these settings fix: temperature, top_k, top_p,
-    eos_id (None where there is no truncation or no stop token).
+    eos_id (None where there is no truncation or no stop token) and tree.
 
     Args:
       eos_ids: the pair's stop tokens (`Pair.special.eos`).
@@ -502,6 +526,7 @@ class DecodeSettings(Schema):
       top_k=self.top_k or None,
       top_p=None if self.top_p >= 1 else self.top_p,
       eos_id=tuple(eos_ids) if self.stop_at_eos else None,
+      tree=self.tree,
     )
 
 

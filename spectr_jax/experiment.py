@@ -61,7 +61,7 @@ class Cell:
     names = ("method", "num_drafts", "draft_len", "rho", "seed")
     return {
       **dict(zip(names, head, strict=True)),
-      **dataclasses.asdict(self.decoding),
+      **self.decoding.cell_fields(),
       "pair": self.pair,
     }
 
@@ -85,7 +85,8 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
   (`Method.grid_drafts`: autoregressive decoding and single-draft methods at K = 1,
   multi-draft methods at their K >= 2, since at K = 1 they are their `single` method) for
   every L (autoregressive once), and methods with a split factor once per rho; a fixed
-  rho above K is skipped (it is clipped to K, i.e. the "k" strategy).
+  rho above K is skipped (it is clipped to K, i.e. the "k" strategy). `decoding.tree`
+  applies to the cells with drafts (L >= 1).
 
   Args:
     config: the sweep.
@@ -103,8 +104,11 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
           [methods.check_rho(r) for r in rhos_for(config.rhos, k)] if method.takes_rho else [None]
         )
         grid += [(method.name, k, draft_len, rho) for rho in rhos]
+  # Rounds without drafts have no tree: such a cell is the same with or without `tree`
+  # (one key, decoded once for a tails sweep and a tree sweep).
+  untreed = dataclasses.replace(config.decoding, tree=False)
   cells = [
-    Cell(method, k, draft_len, rho, seed, config.decoding, pair)
+    Cell(method, k, draft_len, rho, seed, config.decoding if draft_len else untreed, pair)
     for method, k, draft_len, rho in grid
     for seed in config.seeds
   ]
@@ -123,6 +127,7 @@ def _stats_record(stats_list: Sequence[engine.DecodeStats], rows: Sequence[int])
     "emitted": stats.emitted_B.tolist(),
     "rounds": stats.rounds_B.tolist(),
     "draft_calls": stats.draft_calls_B.tolist(),
+    "target_positions": stats.positions_B.tolist(),
     "tokens_per_round": stats.tokens_per_round_BxL2.sum(0).tolist(),
     "reached": stats.reached_BxL1.sum(0).tolist(),
     "hits": stats.hits_BxL1.sum(0).tolist(),

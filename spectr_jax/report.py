@@ -144,7 +144,7 @@ def paired_gains(records: Sequence[dict[str, Any]], pairs=GAIN_PAIRS) -> list[di
       cell = members[seeds[0]]["cell"]
       rows.append(
         {
-          "method": method,
+          "method": f"{method} (tree)" if cell.get("tree") else method,
           "baseline": baseline,
           "K": cell["num_drafts"],
           "L": cell["draft_len"],
@@ -247,9 +247,17 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     )
     cost_ratio = members[0]["draft_params"] / max(members[0]["target_params"], 1)
     method = methods.METHODS.get(cell["method"])
+    label = method.label if method else cell["method"]
+    scored = [r["target_positions"] for r in members if "target_positions" in r]
+    positions = sum(map(sum, scored)) if len(scored) == len(members) else None
     row = {
       "method": cell["method"],
-      "label": method.label if method else cell["method"],
+      "label": f"{label} (tree)" if cell.get("tree") else label,
+      "tree": bool(cell.get("tree")),
+      # Target positions per round and emitted tokens per target position (None for
+      # records from before they were stored).
+      "positions_per_round": None if positions is None else positions / max(rounds_ZxE.sum(), 1),
+      "tokens_per_position": None if positions is None else emitted_ZxE.sum() / max(positions, 1),
       "K": cell["num_drafts"],
       "L": cell["draft_len"],
       "rho": cell["rho"],
@@ -265,7 +273,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
       "prompts": emitted_ZxE.shape[1],
       "samples": f"{len(members)} x {emitted_ZxE.shape[1]}",
       **exactness(members),
-      "_setting": _group_key(cell, ("seed", "method", "num_drafts", "draft_len", "rho")),
+      # The autoregressive baseline ignores `tree` (`experiment.expand` stores it without).
+      "_setting": _group_key(cell, ("seed", "method", "num_drafts", "draft_len", "rho", "tree")),
     }
     if cell["method"] == "autoregressive":
       baselines[row["_setting"]] = tokens_per_s

@@ -28,7 +28,7 @@ from typing import Any
 
 from absl import logging
 
-from spectr_jax.config import DecodeSettings
+from spectr_jax.config import KEY_WHEN_SET, DecodeSettings
 
 RESULTS_FILE = "results.jsonl"
 PROVENANCE_FILE = "provenance.jsonl"
@@ -85,7 +85,10 @@ CELL_FIELDS: dict[str, Field] = {
   "draft_len": Field("int"),
   "rho": Field("rho"),
   "seed": Field("int"),
-  **{f.name: Field(_TYPE_KINDS[f.type]) for f in dataclasses.fields(DecodeSettings)},
+  **{
+    f.name: Field(_TYPE_KINDS[f.type], required=not f.metadata.get(KEY_WHEN_SET))
+    for f in dataclasses.fields(DecodeSettings)
+  },
   "pair": Field("str"),
 }
 # A results record (`experiment.run_cell`, completed by the sweep).
@@ -95,6 +98,8 @@ RECORD_FIELDS: dict[str, Field] = {
   "emitted": Field("ints", "prompts"),
   "rounds": Field("ints", "prompts"),
   "draft_calls": Field("ints", "prompts"),
+  # Target positions scored per prompt (issue 27: fewer with `tree`; older records lack it).
+  "target_positions": Field("ints", "prompts", required=False),
   "tokens_per_round": Field("ints", "counts"),
   "reached": Field("ints", "positions"),
   "hits": Field("ints", "positions"),

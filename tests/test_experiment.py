@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from configs import lm1b_spectr, rho_ablation
-from spectr_jax import checks, experiment, memory, methods, pairs, results
+from spectr_jax import checks, experiment, memory, methods, pairs, report, results
 from spectr_jax.config import DecodeSettings, RhoAblationConfig, SweepConfig
 from spectr_jax.data import TokenizedSplit
 from spectr_jax.models import ModelBundle, get_model_config, init_params
@@ -203,9 +203,11 @@ def test_cell_key_hashes_every_field():
     prompt_len=4,
     max_new_tokens=17,
     stop_at_eos=True,
+    tree=True,
     pair="abd",
   )
-  assert set(changed) == set(cell.as_record())
+  # `tree` (added after results were stored) is in the record only where it is set.
+  assert set(changed) == set(cell.as_record()) | {"tree"}
 
   def changed_cell(name, value):
     if name in settings.__dataclass_fields__:
@@ -214,6 +216,33 @@ def test_cell_key_hashes_every_field():
 
   keys = {changed_cell(name, value).key for name, value in changed.items()}
   assert len(keys) == len(changed) and cell.key not in keys
+
+
+@pytest.mark.slow
+def test_tree_cells_decode_the_tails_tokens_on_fewer_target_positions(pair, tmp_path):
+  """Issue 27: a sweep with `decoding.tree` stores its cells with drafts under their own
+  keys beside the tails' cells (whose records do not name `tree`) and shares the
+  autoregressive cells; on this pair the tree cells emit the same tokens per prompt and
+  round on fewer target positions, and the report names them apart."""
+  tails = sweep_config(tmp_path, methods=("autoregressive", "kseq"), shard=False)
+  trees = dataclasses.replace(tails, decoding=dataclasses.replace(tails.decoding, tree=True))
+  before = experiment.run_sweep(tails, pair)
+  after = experiment.run_sweep(trees, pair)
+  assert len(before) == len(after) == 4
+  assert len(results.read_jsonl(tails.results_path / results.RESULTS_FILE)) == 6
+  for a, b in zip(before, after, strict=True):
+    assert "tree" not in a["cell"]
+    assert (a["emitted"], a["rounds"]) == (b["emitted"], b["rounds"])
+    scored = [sum(r["target_positions"]) for r in (a, b)]
+    if a["cell"]["draft_len"]:
+      assert b["cell"]["tree"] is True and a["key"] != b["key"] and scored[1] < scored[0]
+    else:
+      assert b["key"] == a["key"] and scored[1] == scored[0]
+  rows = {r["label"]: r for r in report.summarize(before + after[2:])}
+  assert rows["kseq (tree)"]["tree"] and not rows["kseq"]["tree"]
+  assert rows["kseq (tree)"]["positions_per_round"] < rows["kseq"]["positions_per_round"] == 6
+  assert rows["kseq (tree)"]["block_efficiency"] == rows["kseq"]["block_efficiency"]
+  assert rows["kseq (tree)"]["speedup"] is not None  # over the shared autoregressive cells
 
 
 def test_pair_fingerprint_tracks_parameters_and_text(pair):
