@@ -190,11 +190,18 @@ def test_identical_models_accept_every_full_round(models):
   assert float(s.block_efficiency) == pytest.approx(4.0)
 
 
-def test_eos_stops_rows(models):
+@pytest.mark.parametrize("use_tree", [False, pytest.param(True, marks=_slow)])
+def test_eos_stops_rows(models, use_tree):
+  """Rows stop at EOS, also where it is accepted inside a token tree (issue 27), whose
+  rows then hold the tails' tokens (the same keys; q equal within float32 rounding)."""
   draft, target = models
   eos = 3  # The target's most likely token.
-  out = generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos)
+  out = generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos, tree=use_tree)
   tokens, lengths = np.asarray(out.tokens_BxT), np.asarray(out.lengths_B)
+  if use_tree:
+    tails = generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos)
+    same = np.all(tokens == np.asarray(tails.tokens_BxT), axis=1)
+    assert np.mean(same) >= 0.95 and np.any(lengths < 12), np.mean(same)
   assert np.any(lengths < 12)
   for row, n in zip(tokens, lengths, strict=True):
     assert np.all(row[n:] == 0)
@@ -219,7 +226,7 @@ def test_eos_set_stops_at_any_of_its_ids(models):
 
 
 def test_nonfinite_logits_are_counted_not_sampled(models):
-  """(The program of tests/test_engine.py::test_eos_stops_rows: compiled once.)"""
+  """(The program of tests/test_engine.py::test_eos_stops_rows on tails: compiled once.)"""
   draft, target = models
   broken = ModelBundle(target.config, jax.tree.map(lambda x: x * jnp.nan, target.params))
   out = generate(draft, broken, "kseq", 2, 3, 12, batch=64, eos_id=3)

@@ -53,13 +53,18 @@ def test_engine_output_law_is_target_law(models, method, num_drafts, draft_len):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["kseq", "gbv"])
-def test_tree_rounds_keep_the_output_law(models, method):
-  """The engine with tree scoring (K = 3, L = 2): the target's law, several rounds."""
+@pytest.mark.parametrize(
+  "method, temperature, top_k", [("kseq", 1.0, None), ("gbv", 1.0, None), ("rrs", 0.6, 3)]
+)
+def test_tree_rounds_keep_the_output_law(models, method, temperature, top_k):
+  """The engine with tree scoring (K = 3, L = 2): the (transformed) target's law, several
+  rounds; drafts without replacement (rrs) with temperature and top-k on both models."""
   draft, target = models
-  out = generate(draft, target, method, 3, 2, 4, key=9, tree=True)
-  law = exact_law(target, 4)
-  stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, f"{method} tree")
+  kw = dict(key=9, tree=True, temperature=temperature, top_k=top_k)
+  out = generate(draft, target, method, 3, 2, 4, **kw)
+  law = exact_law(target, 4, temperature, top_k)
+  what = f"{method} tree T={temperature} top_k={top_k}"
+  stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, what)
   assert residual_share(out, 2) >= 0.2
   assert float(np.mean(np.asarray(out.stats.rounds_B))) > 1.5
 
