@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from bench_decode import bench, format_table
-from bench_tree import compare, format_rows
+from bench_tree import compare, format_rows, parse_configs
 
 from spectr_jax import pairs
 from spectr_jax.config import DecodeSettings
@@ -69,7 +69,9 @@ def main():
   parser.add_argument("--dtype", default="bfloat16")
   parser.add_argument("--configs", default=CONFIGS, help="method:K:L,...")
   parser.add_argument(
-    "--tree_configs", default="kseq:8:8", help="method:K:L,... timed as tails and as trees"
+    "--tree_configs",
+    default="kseq:8:8",
+    help="method:K:L[:b1-b2-...],... timed as tails and as trees",
   )
   args = parser.parse_args()
   start = time.perf_counter()
@@ -107,9 +109,7 @@ def main():
   print()
   print(format_table(rows, rows[0]))
   if args.tree_configs:
-    tree_configs = [
-      (m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.tree_configs.split(","))
-    ]
+    tree_configs = parse_configs(args.tree_configs)
     batch = (prompts, lengths)
     tree_rows = compare(
       draft, target, batch, batch, tree_configs, args.max_new_tokens, args.repeats

@@ -1,8 +1,9 @@
 """Tails against token trees: what scoring each distinct draft prefix once saves.
 
 For the embedded pair (or random-weight models of its sizes when it is missing), prints
-one row per (method, K, L) with i.i.d. drafts scored as K tails and as their
-deduplicated tree (`engine.generate(tree=True)`), all timed round-robin in one run:
+one row per (method, K, L[, branching]) with its drafts (i.i.d., or for "rrs" a static
+tree: `engine.generate(branching=...)`) scored as K tails and as their deduplicated tree
+(`engine.generate(tree=True)`), all timed round-robin in one run:
   - block efficiency of both on the same held-out prompts and keys (a tree round is the
     same random object: tokens differ only where float32 rounding flips a decision), with
     the paired 95% interval of the per-prompt difference;
@@ -11,8 +12,8 @@ deduplicated tree (`engine.generate(tree=True)`), all timed round-robin in one r
   - the target call and the engine's round (`bench_decode.part_timers`) in ms, tails and
     tree, and their ratios.
 
-Usage: python scripts/bench_tree.py [--configs kseq:4:4,kseq:8:4,kseq:8:8] [--batch 4]
-         [--prompts 100] [--max_new_tokens 64]
+Usage: python scripts/bench_tree.py [--configs kseq:4:4,kseq:8:4,kseq:8:8,rrs:8:4:4-2-1-1]
+         [--batch 4] [--prompts 100] [--max_new_tokens 64]
 """
 
 import argparse
@@ -31,6 +32,7 @@ COLS = [
   ("method", "method", "{}"),
   ("K", "K", "{}"),
   ("L", "L", "{}"),
+  ("branching", "branching", "{}"),
   ("be_tails", "block eff. tails", "{:.3f}"),
   ("be_tree", "block eff. tree", "{:.3f}"),
   ("be_diff", "tree - tails [95%]", "{}"),
@@ -48,7 +50,17 @@ COLS = [
 ]
 
 
-def decode(draft, target, prompts, lengths, method, k, length, max_new_tokens, tree):
+def parse_configs(text: str) -> list[tuple[str, int, int, tuple[int, ...] | None]]:
+  """ "method:K:L[:b1-b2-...],..." -> [(method, K, L, branching or None)]."""
+  configs = []
+  for item in text.split(","):
+    method, k, length, *branching = item.split(":")
+    tree = tuple(int(b) for b in branching[0].split("-")) if branching else None
+    configs.append((method, int(k), int(length), tree))
+  return configs
+
+
+def decode(draft, target, prompts, lengths, method, k, length, branching, max_new_tokens, tree):
   """Per-prompt emitted tokens, rounds, distinct nodes and target positions."""
   out = engine.generate(
     jax.random.key(0),
@@ -61,6 +73,7 @@ def decode(draft, target, prompts, lengths, method, k, length, max_new_tokens, t
     draft_len=length,
     max_new_tokens=max_new_tokens,
     tree=tree,
+    branching=branching,
   )
   s = out.stats
   return {name: np.asarray(getattr(s, f"{name}_B"), np.float64) for name in
@@ -75,18 +88,21 @@ def paired_interval(a, b):
 
 
 def compare(draft, target, timed, many, configs, max_new_tokens, repeats):
-  """One row per (method, K, L) of `configs`: tails against trees (see the module
-  docstring); `timed` and `many` are (prompts_BxP, lengths_B) of the timed rounds and of
-  the efficiency runs."""
+  """One row per (method, K, L, branching) of `configs` (`parse_configs`): tails against
+  trees (see the module docstring); `timed` and `many` are (prompts_BxP, lengths_B) of the
+  timed rounds and of the efficiency runs."""
   timers, rows = {}, []
-  for i, (method, k, length) in enumerate(configs):
-    run = functools.partial(decode, draft, target, *many, method, k, length, max_new_tokens)
+  for i, (method, k, length, branching) in enumerate(configs):
+    run = functools.partial(
+      decode, draft, target, *many, method, k, length, branching, max_new_tokens
+    )
     tails, trees = run(False), run(True)
     rows.append(
       dict(
         method=method,
         K=k,
         L=length,
+        branching="-" if branching is None else "-".join(map(str, branching)),
         be_tails=tails["emitted"].sum() / tails["rounds"].sum(),
         be_tree=trees["emitted"].sum() / trees["rounds"].sum(),
         be_diff=paired_interval(
@@ -102,12 +118,12 @@ def compare(draft, target, timed, many, configs, max_new_tokens, repeats):
     for use_tree in (False, True):
       spec = engine.DecodeSpec(
         method, k, length, max_new_tokens, None, False, "star", draft.config,
-        target.config, tree=use_tree,
+        target.config, tree=use_tree, branching=branching,
       )  # fmt: skip
       parts = part_timers(spec, draft, target, *timed)
       timers[(i, use_tree, "target")] = parts["target"]
       timers[(i, use_tree, "round")] = parts["round loop"]
-    print(f"prepared tails and tree {method}:{k}:{length} ({i + 1}/{len(configs)})", flush=True)
+    print(f"prepared tails and tree {rows[-1]} ({i + 1}/{len(configs)})"[:120], flush=True)
   medians = interleaved_medians(timers, repeats)
   for i, row in enumerate(rows):
     for part in ("target", "round"):
@@ -135,7 +151,7 @@ def main():
   vocab = target.config.vocab_size
   timed = bench_prompts(heldout, args.batch, args.prompt_len, vocab)
   many = bench_prompts(heldout, args.prompts, args.prompt_len, vocab)
-  configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
+  configs = parse_configs(args.configs)
   rows = compare(draft, target, timed, many, configs, args.max_new_tokens, args.repeats)
   print(f"\n{what}: {args.prompts} prompts for the efficiencies, {args.batch} rows timed, ")
   print(f"{jax.devices()[0].platform}, {args.repeats} interleaved repeats\n")

@@ -14,15 +14,20 @@ of each method; `rounds.draft` calls it.
 
 Schemes here:
   iid: K i.i.d. sequences of L tokens (SpecTr), one cache tail per draft.
-  without_replacement: K distinct first tokens drawn without replacement (the law of
-    Gumbel-top-k in the order of the perturbed values), each path then continuing i.i.d.
-    (Jeon et al., RSD, arXiv 2402.14160; Hu et al., arXiv 2502.18779). Where fewer than
-    K tokens have draft mass, the extra paths copy the first (see `distinct_tokens`).
+  without_replacement: a static tree of K paths (a branching per depth, (K, 1, ..., 1)
+    by default) whose children are drawn without replacement at every node (the law of
+    Gumbel-top-k in the order of the perturbed values): by default K distinct first
+    tokens, each path continuing alone (Jeon et al., RSD, arXiv 2402.14160; Hu et al.,
+    arXiv 2502.18779; static trees as in Sequoia, arXiv 2402.12374). Where a node has
+    fewer tokens with draft mass than children, the extra children copy the first
+    child's subtree (see `distinct_tokens`).
 
 Key convention: the draw of step t (t = 0..L-1) of tail k uses
 fold_in(fold_in(row key, t), k) (`draft_keys_LxBxK`).
 """
 
+import functools
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -34,7 +39,9 @@ from spectr_jax import sampling
 
 __all__ = [
   "Drafts",
+  "check_branching",
   "check_distinct",
+  "default_branching",
   "distinct_tokens",
   "draft_keys_LxBxK",
   "iid",
@@ -111,9 +118,29 @@ def distinct_tokens(key_K, p_V):
   return jnp.where(valid_K, x_K, x_K[0]).astype(jnp.int32), valid_K
 
 
+def default_branching(num_drafts: int, draft_len: int) -> tuple[int, ...]:
+  """(K, 1, ..., 1): K distinct first tokens, each path continuing alone."""
+  return (num_drafts,) + (1,) * (draft_len - 1)
+
+
+def check_branching(branching, num_drafts: int, draft_len: int) -> None:
+  """Raises a clear error unless `branching` is L integers >= 1 whose product is K."""
+  if not (
+    isinstance(branching, tuple)
+    and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in branching)
+  ):
+    raise ValueError(f"branching must be a tuple of integers >= 1, got {branching!r}")
+  if len(branching) != draft_len or math.prod(branching) != num_drafts:
+    raise ValueError(
+      f"branching {branching} must have draft_len = {draft_len} entries whose product is "
+      f"num_drafts = {num_drafts} (one path per leaf)"
+    )
+
+
 def check_distinct(drafts_KxL) -> None:
-  """Raises a clear error unless the paths could come from `without_replacement`: paths
-  that share their first token must be identical (copies). Traced drafts are not checked.
+  """Raises a clear error unless the paths could come from `without_replacement` with the
+  default branching: paths that share their first token must be identical (copies).
+  Traced drafts are not checked (nor static trees of another branching: `verify.walk`).
   """
   if isinstance(drafts_KxL, jax.core.Tracer):
     return
@@ -128,25 +155,48 @@ def check_distinct(drafts_KxL) -> None:
       )
 
 
-def _iid_first(key_BxK, p_BxKxV):
-  """The i.i.d. scheme's first tokens: one draw per tail; every tail is its own source."""
-  b, k = key_BxK.shape
-  return sample_BxK(key_BxK, p_BxKxV), jnp.broadcast_to(jnp.arange(k), (b, k))
+def _iid(key_BxK, p_BxKxV, source_BxK, level):
+  """The i.i.d. scheme's draws at one depth: one per tail, with its own key."""
+  del level
+  return sample_BxK(key_BxK, p_BxKxV), source_BxK
 
 
-def _distinct_first(key_BxK, p_BxKxV):
-  """First tokens without replacement (`distinct_tokens` on each row's shared first-position
-  law); an invalid tail's source is tail 0, which it copies."""
-  x_BxK, valid_BxK = jax.vmap(distinct_tokens)(key_BxK, p_BxKxV[:, 0])
-  return x_BxK, jnp.where(valid_BxK, jnp.arange(key_BxK.shape[1]), 0)
+def _children(key_BxK, p_BxKxV, source_BxK, level, *, max_children: int):
+  """One depth of a static tree: every node draws its children without replacement.
+
+  A node is a block of `size` consecutive tails that share their prefix (level = (size,
+  child_size): the tails of a node and of each of its children); child j is the block of
+  `child_size` tails from the node's first tail + j child_size, drawn (`distinct_tokens`
+  on the p of the node's first tail) with the key of that block's first tail, so a node
+  of one child draws with its own key, as `_iid`. A child beyond the node's support
+  (invalid) copies child 0: its tails take as source the tail at the same offset in
+  child 0's block. Where the level is static (the first depth) each node draws once;
+  after, each tail draws its node's first `max_children` children and keeps its own.
+  """
+  size, child_size = level
+  k = key_BxK.shape[1]
+  tail_K = jnp.arange(k)
+  static = isinstance(size, int)
+  first_N = jnp.arange(0, k, size) if static else tail_K // size * size
+  draw_NxM = jnp.minimum(first_N[:, None] + jnp.arange(max_children) * child_size, k - 1)
+  x_BxNxM, valid_BxNxM = jax.vmap(jax.vmap(distinct_tokens))(
+    key_BxK[:, draw_NxM], p_BxKxV[:, first_N]
+  )
+  node_K = tail_K // size if static else tail_K
+  child_K = tail_K % size // child_size
+  x_BxK, valid_BxK = x_BxNxM[:, node_K, child_K], valid_BxNxM[:, node_K, child_K]
+  copied_BxK = jnp.take_along_axis(source_BxK, (tail_K - child_K * child_size)[None], 1)
+  return x_BxK, jnp.where(valid_BxK, source_BxK, copied_BxK)
 
 
-def _paths(first: Callable, extend, params, cache, pending_Bx2, num_pending_B, key_B, probs, *,
-           num_drafts: int, draft_len: int) -> Drafts:  # fmt: skip
-  """K draft paths of L tokens per row: first tokens by `first`, then i.i.d. continuations.
+def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pending_Bx2,
+           num_pending_B, key_B, probs, *, num_drafts: int, draft_len: int) -> Drafts:  # fmt: skip
+  """K draft paths of L tokens per row, drawn depth by depth.
 
-  `first(key_BxK, p_BxKxV) -> (x_BxK, source_BxK)` draws the first token of every tail and
-  names the tail each one copies (itself, or an earlier tail with the same first token);
+  `first` (depth 0) and `draw` (the later depths), (key_BxK, p_BxKxV, source_BxK, level)
+  -> (x_BxK, source_BxK), draw every tail's token at one depth (level = levels[t]: Python
+  ints at depth 0, traced after) and name the
+  tail each one copies (itself, or a tail of an earlier subtree with the same tokens);
   a copying tail continues with its source's keys, so it draws the same tokens, and its
   tokens are set to the source's at the end (the verifier's view never depends on two
   tails computing bit-identical logits). The commit takes the first agreeing tail, never
@@ -162,25 +212,28 @@ def _paths(first: Callable, extend, params, cache, pending_Bx2, num_pending_B, k
   bad_B = sampling.nonfinite_rows(logits_BxKxV)
   p_BxKxV = probs(logits_BxKxV)
   key_LxBxK = draft_keys_LxBxK(key_B, n, k)
-  x_BxK, source_BxK = first(key_LxBxK[0], p_BxKxV)
-  key_LxBxK = jax.vmap(lambda key_BxK: jnp.take_along_axis(key_BxK, source_BxK, 1))(key_LxBxK)
+  source_BxK = jnp.broadcast_to(jnp.arange(k), (b, k))
+  x_BxK, source_BxK = first(key_LxBxK[0], p_BxKxV, source_BxK, tuple(levels[0]))
   p_BxKxLxV = jnp.zeros((b, k, n) + p_BxKxV.shape[-1:], p_BxKxV.dtype)
   p_BxKxLxV = p_BxKxLxV.at[:, :, 0].set(p_BxKxV)
   drafts_BxKxL = jnp.zeros((b, k, n), jnp.int32).at[:, :, 0].set(x_BxK)
 
-  def step(carry, t):
-    cache, drafts_BxKxL, p_BxKxLxV, bad_B = carry
+  def step(carry, inputs):
+    cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK = carry
+    t, level = inputs
     x_BxKx1 = jax.lax.dynamic_slice_in_dim(drafts_BxKxL, t - 1, 1, axis=2)
     logits_BxKx1xV, cache = extend(params, x_BxKx1, cache)
     bad_B |= sampling.nonfinite_rows(logits_BxKx1xV)
     p_BxKx1xV = probs(logits_BxKx1xV)
-    nxt_BxKx1 = sample_BxK(key_LxBxK[t], p_BxKx1xV[:, :, 0])[:, :, None]
-    drafts_BxKxL = jax.lax.dynamic_update_slice_in_dim(drafts_BxKxL, nxt_BxKx1, t, axis=2)
+    key_BxK = jnp.take_along_axis(key_LxBxK[t], source_BxK, 1)
+    nxt_BxK, source_BxK = draw(key_BxK, p_BxKx1xV[:, :, 0], source_BxK, tuple(level))
+    drafts_BxKxL = jax.lax.dynamic_update_slice_in_dim(drafts_BxKxL, nxt_BxK[..., None], t, 2)
     p_BxKxLxV = jax.lax.dynamic_update_slice_in_dim(p_BxKxLxV, p_BxKx1xV, t, axis=2)
-    return (cache, drafts_BxKxL, p_BxKxLxV, bad_B), None
+    return (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK), None
 
-  (cache, drafts_BxKxL, p_BxKxLxV, bad_B), _ = jax.lax.scan(
-    step, (cache, drafts_BxKxL, p_BxKxLxV, bad_B), jnp.arange(1, n)
+  carry = (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK)
+  (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK), _ = jax.lax.scan(
+    step, carry, (jnp.arange(1, n), jnp.asarray(levels[1:], jnp.int32).reshape(n - 1, 2))
   )
   drafts_BxKxL = jnp.take_along_axis(drafts_BxKxL, source_BxK[:, :, None], 1)
   return Drafts(drafts_BxKxL, p_BxKxLxV, cache, bad_B)
@@ -212,8 +265,9 @@ def iid(
   Returns:
     `Drafts`.
   """
-  return _paths(_iid_first, extend, params, cache, pending_Bx2, num_pending_B, key_B, probs,
-                num_drafts=num_drafts, draft_len=draft_len)  # fmt: skip
+  levels = [(1, 1)] * draft_len  # unused by `_iid`
+  return _paths(_iid, _iid, levels, extend, params, cache, pending_Bx2, num_pending_B, key_B,
+                probs, num_drafts=num_drafts, draft_len=draft_len)  # fmt: skip
 
 
 def without_replacement(
@@ -227,13 +281,17 @@ def without_replacement(
   *,
   num_drafts: int,
   draft_len: int,
+  branching: tuple[int, ...] | None = None,
 ) -> Drafts:
-  """K draft paths per row whose first tokens are distinct, drawn without replacement
-  (`distinct_tokens`, the law of Gumbel-top-k), each continuing i.i.d. from the draft.
+  """A static tree of K paths per row: at depth t every node has branching[t] children,
+  drawn without replacement from the draft (`distinct_tokens`, the law of Gumbel-top-k).
 
-  The drafts of recursive rejection without replacement ("rrs"). Where fewer than K
-  tokens have draft mass (top-k or top-p truncation, temperature 0), the first drafts
-  are the whole support and every extra path is an exact copy of path 0: the verifier
+  The drafts of recursive rejection without replacement ("rrs"), which verifies the tree
+  node by node. By default (K, 1, ..., 1): K distinct first tokens, each path continuing
+  alone. Paths are in depth-first order: node blocks of consecutive paths, child j of a
+  node the j-th block of its paths. Where a node has fewer tokens with draft mass than
+  children (top-k or top-p truncation, temperature 0), its children are its whole
+  support and every extra child's subtree is an exact copy of child 0's: the verifier
   ignores a repeated token, so it sees fewer valid drafts, and the output law stays the
   target's (no error in the middle of a decode; any K >= 1 is taken).
 
@@ -245,9 +303,19 @@ def without_replacement(
     key_B: one key per row.
     probs: logits [..., V] -> sampling distributions (the decode's transform).
     num_drafts, draft_len: K and L (static).
+    branching: children per node at each depth (static; `check_branching`), None for
+      (K, 1, ..., 1).
 
   Returns:
     `Drafts`.
   """
-  return _paths(_distinct_first, extend, params, cache, pending_Bx2, num_pending_B, key_B,
+  branching = default_branching(num_drafts, draft_len) if branching is None else branching
+  check_branching(branching, num_drafts, draft_len)
+  levels, size = [], num_drafts
+  for children in branching:
+    levels.append((size, size // children))
+    size //= children
+  first = functools.partial(_children, max_children=branching[0])
+  draw = functools.partial(_children, max_children=max(branching[1:], default=1))
+  return _paths(first, draw, levels, extend, params, cache, pending_Bx2, num_pending_B, key_B,
                 probs, num_drafts=num_drafts, draft_len=draft_len)  # fmt: skip

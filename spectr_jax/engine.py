@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spectr_jax import acceptance, checks, methods, rounds, sharding, verify
+from spectr_jax import acceptance, checks, drafting, methods, rounds, sharding, verify
 from spectr_jax.models import ModelBundle, check_params
 from spectr_jax.rounds import DecodeSpec, DecodeStats, Traced
 from spectr_jax.sharding import DATA_AXIS
@@ -214,6 +214,7 @@ def generate(
   prompt_ids: jax.Array | None = None,
   mesh: jax.sharding.Mesh | None = None,
   tree: bool = False,
+  branching: Sequence[int] | None = None,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with speculative decoding (or autoregressively).
 
@@ -242,6 +243,10 @@ def generate(
     tree: score each round's drafts as their deduplicated token tree (one target
       position per distinct prefix, `spectr_jax.tree`) instead of K tails: the same
       output law for every method, fewer target positions when drafts share prefixes.
+    branching: for a method whose drafting scheme draws a static tree
+      (`methods.Drafting.branches`: "rrs"), the children per node at each depth, L
+      integers whose product is K (e.g. (4, 2, 1, 1) for K = 8, L = 4); None for the
+      scheme's default.
 
   Returns:
     `GenerateOutput(tokens_BxT, lengths_B, stats)`.
@@ -264,7 +269,7 @@ def lower(key: jax.Array, **kwargs) -> jax.stages.Lowered:
 
 def _prepare(
   key, *, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
-  max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids, mesh, tree,
+  max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids, mesh, tree, branching,
 ):  # fmt: skip
   """Checks the inputs of `generate`; returns its program, the placed arguments and B."""
   if not methods.get(method).speculative:
@@ -277,6 +282,11 @@ def _prepare(
     )
   if not isinstance(tree, bool):
     raise ValueError(f"tree must be True or False, got {tree!r}")
+  if branching is not None:
+    branching = tuple(branching)
+    if not methods.DRAFTING[methods.get(method).drafting].branches:
+      raise ValueError(f"method {method!r} drafts no static tree: branching must be None")
+    drafting.check_branching(branching, num_drafts, draft_len)
   rho_mode, rho_value = acceptance.split_rho(rho)
   if not methods.get(method).takes_rho:  # not part of the program: one compile for any rho
     rho_mode, rho_value = "", jnp.float32(0.0)
@@ -291,6 +301,7 @@ def _prepare(
     draft_config=None if draft_len == 0 else draft.config,
     target_config=target.config,
     tree=tree,
+    branching=branching,
   )
   traced = Traced(
     temperature=jnp.float32(temperature),

@@ -98,6 +98,8 @@ class Drafting:
     summary: one line for docs and reports.
     check: "module:function" that raises a clear error for concrete drafts_KxL this
       scheme cannot have drawn (`verify.verify_block` runs it), or "".
+    branches: whether the scheme draws a static tree and takes its children per depth
+      (`engine.generate(branching=...)`, passed on as the scheme's `branching`).
   """
 
   name: str
@@ -106,6 +108,7 @@ class Drafting:
   bound_label: str
   summary: str
   check: str = ""
+  branches: bool = False
 
 
 DRAFTING: dict[str, Drafting] = {
@@ -123,10 +126,13 @@ DRAFTING: dict[str, Drafting] = {
       draft="spectr_jax.drafting:without_replacement",
       bound="spectr_jax.acceptance:wor_bound_X",
       bound_label="optimal w/o replacement (prefix search)",
-      summary="K paths whose first tokens are drawn without replacement (Gumbel-top-k "
-      "law), each continuing i.i.d. (Jeon et al., arXiv 2402.14160; Hu et al., arXiv "
-      "2502.18779); where fewer than K tokens have mass, the extra paths copy the first",
+      summary="a static tree whose children are drawn without replacement at every node "
+      "(Gumbel-top-k law); by default K distinct first tokens, each path continuing alone "
+      "(Jeon et al., arXiv 2402.14160; Hu et al., arXiv 2502.18779; Sequoia, arXiv "
+      "2402.12374); where a node has fewer tokens with mass than children, the extra "
+      "children copy the first child's subtree",
       check="spectr_jax.drafting:check_distinct",
+      branches=True,
     ),
   )
 }

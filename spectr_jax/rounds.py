@@ -37,6 +37,7 @@ class DecodeSpec:
   draft_config: ModelConfig | None
   target_config: ModelConfig
   tree: bool = False
+  branching: tuple[int, ...] | None = None  # a static tree's children per depth (`drafting`)
 
   @property
   def scores_tree(self) -> bool:
@@ -151,6 +152,7 @@ def draft(spec, params, cache, state, key_B, traced):
     functools.partial(probs, spec, traced=traced),
     num_drafts=spec.num_drafts,
     draft_len=spec.draft_len,
+    **({} if spec.branching is None else {"branching": spec.branching}),
   )
   return drafts.tokens_BxKxL, drafts.p_BxKxLxV, drafts.cache, drafts.nonfinite_B
 

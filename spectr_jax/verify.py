@@ -129,8 +129,11 @@ def rrs_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
   from the last r. Each stage is single-draft speculative sampling of r_i with a draft
   from p_i, so the output is q. A valid draft whose p_i is 0 (a token drawn earlier, as
   the copies of `drafting.distinct_tokens`, or one outside p's support) is skipped: it
-  neither is accepted nor changes r. The walk's later positions see at most one distinct
-  surviving token (the first tokens are distinct), where this is single-draft sampling.
+  neither is accepted nor changes r. On a static tree (`drafting.without_replacement`
+  with a branching) the walk's surviving paths at each depth are one node's children in
+  the order drawn, each repeated over its block of paths, so the tree is verified node
+  by node; with the default branching the later positions see one surviving token,
+  where this is single-draft sampling.
   Every rejected token gets r = 0 from then on, so the final draw never hits a draft.
   """
   accept_key, residual_key = jax.random.split(key)

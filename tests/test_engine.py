@@ -284,6 +284,16 @@ def test_engine_exact_on_model_sharded_mesh(models):
   stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, "kseq (2, 4)")
 
 
+def test_branching_is_checked(models):
+  """A static branching only for a scheme that draws static trees, L entries, product K."""
+  draft, target = models
+  with pytest.raises(ValueError, match="drafts no static tree"):
+    generate(draft, target, "kseq", 4, 2, 4, batch=2, branching=(2, 2))
+  for bad in [(2, 3), (4,), (2, 2, 1), (4, 0)]:
+    with pytest.raises(ValueError, match="branching"):
+      generate(draft, target, "rrs", 4, 2, 4, batch=2, branching=bad)
+
+
 def test_second_call_does_not_recompile(models):
   draft, target = models
   prompts = jnp.asarray([[1, 2, 3], [2, 2, 0]], jnp.int32)

@@ -70,6 +70,23 @@ def test_tree_rounds_keep_the_output_law(models, method, temperature, top_k):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("use_tree", [False, True])
+def test_static_tree_drafts_keep_the_output_law(models, use_tree):
+  """Issue 27: RRS on a static tree (branching (2, 2), children without replacement at
+  every node; K = 4, L = 2) through the engine, as tails and as a scored tree (7 nodes
+  per round: the root, 2 children, 4 grandchildren): the target's law, several rounds."""
+  draft, target = models
+  out = generate(draft, target, "rrs", 4, 2, 4, key=11, tree=use_tree, branching=(2, 2))
+  law = exact_law(target, 4)
+  what = f"rrs static tree (2, 2) tree={use_tree}"
+  stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, what)
+  assert residual_share(out, 2) >= 0.2
+  rounds_B = np.asarray(out.stats.rounds_B)
+  assert float(np.mean(rounds_B)) > 1.5
+  assert np.all(np.asarray(out.stats.nodes_B) <= (7 if use_tree else 12) * rounds_B)
+
+
+@pytest.mark.slow
 def test_tree_rounds_reject_a_commit_of_the_wrong_path(models, monkeypatch):
   """A tree round that commits path 0's nodes whatever path survived must be caught."""
   real = TransformerDecoder.commit_nodes

@@ -80,7 +80,9 @@ def test_bench_tree_prints_tails_beside_trees():
   configs = [get_model_config(name, v, max_len=32) for name in ("draft-test", "target-test")]
   draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
   prompts = (jnp.ones((b, width), jnp.int32), jnp.full((b,), width))
-  (row,) = bench_tree.compare(draft, target, prompts, prompts, [("kseq", 3, 2)], 6, repeats=1)
+  (row,) = bench_tree.compare(
+    draft, target, prompts, prompts, bench_tree.parse_configs("kseq:3:2"), 6, repeats=1
+  )
   assert row["be_tree"] == pytest.approx(row["be_tails"], abs=0.2)  # same draws, float32 aside
   assert row["pos_tails"] == 9 and 3 <= row["pos_tree"] <= 9
   assert row["nodes"] <= row["pos_tree"]

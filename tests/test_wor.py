@@ -189,7 +189,7 @@ def _tree_extend(p_tab):
   return extend
 
 
-def _draft(p_tab, num_drafts, draft_len, n, seed=0):
+def _draft(p_tab, num_drafts, draft_len, n, seed=0, branching=None):
   """n rows of drafts from the "wor" scheme on the tree: drafting.Drafts."""
   cache = (jnp.int32(0), jnp.zeros((n, num_drafts), jnp.int32))
   run = jax.jit(
@@ -200,6 +200,7 @@ def _draft(p_tab, num_drafts, draft_len, n, seed=0):
       probs=functools.partial(jax.nn.softmax, axis=-1),
       num_drafts=num_drafts,
       draft_len=draft_len,
+      branching=branching,
     )
   )
   key_B = jax.random.split(jax.random.key(seed), n)
@@ -353,11 +354,17 @@ def test_public_rrs_and_verify_block_checks():
 # Sequences: the scheme's drafts through verify_block, completed by exact target draws.
 
 
-def _sample_blocks(p_tab, q_tab, num_drafts, draft_len, n=N, seed=3, method="rrs"):
-  """`verify_block` on drafts of the "wor" scheme, each block completed with exact target
-  draws: numpy (codes of the L + 1 tokens, num_tokens)."""
+def _sample_blocks(p_tab, q_tab, num_drafts, draft_len, n=N, seed=3, method="rrs", branching=None):
+  """`verify_block` on drafts of the "wor" scheme (with a static branching: the walk it
+  runs, `verify.walk`, whose input check takes the default branching only), each block
+  completed with exact target draws: numpy (codes of the L + 1 tokens, num_tokens)."""
   vocab = p_tab.shape[-1]
-  out = _draft(p_tab, num_drafts, draft_len, n, seed)
+  out = _draft(p_tab, num_drafts, draft_len, n, seed, branching)
+  if branching is None:
+    block = functools.partial(verify.verify_block, method=method)
+  else:
+    walk = functools.partial(verify.walk, rho_value=0.0, method=method, rho_mode="star")
+    block = lambda *args: walk(*args)[:2]  # noqa: E731
   q_j = _f32(q_tab)
 
   def one(key, drafts_KxL, p_KxLxV):
@@ -368,9 +375,7 @@ def _sample_blocks(p_tab, q_tab, num_drafts, draft_len, n=N, seed=3, method="rrs
       qs.append(q_j[t, code_K])
       if t < draft_len:
         code_K = code_K * vocab + drafts_KxL[:, t]
-    tokens_L1, num = verify.verify_block(
-      verify_key, drafts_KxL, p_KxLxV, jnp.stack(qs, 1), method=method
-    )
+    tokens_L1, num = block(verify_key, drafts_KxL, p_KxLxV, jnp.stack(qs, 1))
     code = jnp.int32(0)
     for t in range(draft_len + 1):
       draw = sampling.categorical(jax.random.fold_in(extend_key, t), q_j[t, code])
@@ -442,6 +447,72 @@ def test_block_rejects_specinfer_rule_on_drafts_without_replacement():
   codes, _ = _sample_blocks(p_tab, q_tab, 2, 2, method="specinfer")
   law = _sequence_law(q_tab, 2)
   stats.assert_rejects(np.bincount(codes, minlength=law.size), law, "specinfer on wor blocks")
+
+
+# Static trees: branching per depth, children without replacement at every node.
+
+
+@pytest.mark.parametrize(
+  "branching, sparse",
+  [((2, 2), False), pytest.param((2, 2), True, marks=pytest.mark.slow), ((1, 3), True)],
+)
+def test_static_tree_draws_its_law(branching, sparse):
+  """The scheme with a static branching gives its K paths, in order, the law of
+  `wor_reference.static_tree_law`: children without replacement at every node, and where
+  a node has fewer tokens with mass than children ((1, 3) on the sparse tree: 2 at
+  depth 1), the extra children copy child 0's subtree; each tail's p is the law after its
+  own prefix."""
+  vocab, draft_len = 3, len(branching)
+  k = int(np.prod(branching))
+  p_tab, _ = _tree(7, vocab, draft_len, sparse=sparse)
+  out = _draft(p_tab, k, draft_len, N, seed=2, branching=branching)
+  tokens_BxKxL = np.asarray(out.tokens_BxKxL)
+  law = ref.static_tree_law(p_tab, branching)
+  assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
+  index = {paths: i for i, paths in enumerate(law)}
+  cells = [index.get(tuple(row), len(law)) for row in _codes(tokens_BxKxL, vocab)]
+  counts = np.bincount(cells, minlength=len(law) + 1)
+  assert counts[-1] == 0
+  stats.assert_law(counts[:-1], list(law.values()), f"static tree {branching} sparse={sparse}")
+  prefix_BxK = tokens_BxKxL[:, :, 0]
+  np.testing.assert_allclose(np.asarray(out.p_BxKxLxV)[:, :, 1], p_tab[1][prefix_BxK], atol=1e-6)
+
+
+def test_static_tree_default_is_the_scheme_of_distinct_first_tokens():
+  """branching (K, 1, ..., 1) is the default: the same tokens for the same keys."""
+  p_tab, _ = _tree(3, 4, 3)
+  default = _draft(p_tab, 3, 3, 64, seed=1)
+  explicit = _draft(p_tab, 3, 3, 64, seed=1, branching=(3, 1, 1))
+  np.testing.assert_array_equal(np.asarray(default.tokens_BxKxL), np.asarray(explicit.tokens_BxKxL))
+  for bad in [(3, 1), (2, 1, 1), (3, 1, 0), [3, 1, 1]]:
+    with pytest.raises(ValueError, match="branching"):
+      _draft(p_tab, 3, 3, 4, branching=bad)
+
+
+@pytest.mark.parametrize("broken", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_rrs_verifies_a_static_tree_node_by_node(broken, monkeypatch):
+  """RRS walks a static tree (2, 2) node by node (it skips repeated tokens and keeps the
+  surviving subtree): the sequence law is the target's. Broken: every node at depth 1
+  draws its children from the first node's law while the verifier sees each node's own
+  p; at this tree (depth-1 laws one-hot-like on different tokens) that is caught."""
+  p_tab, q_tab = _tree(8, 3, 2)
+  p_tab[1, :3] = [[0.9, 0.05, 0.05], [0.05, 0.9, 0.05], [0.05, 0.05, 0.9]]
+  if broken:
+    real = drafting._children
+
+    def first_nodes_law(key_BxK, p_BxKxV, source_BxK, level, *, max_children):
+      p_BxKxV = jnp.broadcast_to(p_BxKxV[:, :1], p_BxKxV.shape)
+      return real(key_BxK, p_BxKxV, source_BxK, level, max_children=max_children)
+
+    monkeypatch.setattr(drafting, "_children", first_nodes_law)
+  codes, nums = _sample_blocks(p_tab, q_tab, 4, 2, branching=(2, 2))
+  law = _sequence_law(q_tab, 2)
+  counts = np.bincount(codes, minlength=law.size)
+  if broken:
+    stats.assert_rejects(counts, law, "rrs on a static tree drawn from the wrong node's law")
+  else:
+    stats.assert_law(counts, law, "rrs on a static tree (2, 2)")
+    assert nums.min() >= 1 and nums.max() <= 3
 
 
 def test_multiset_law_reduces_to_iid_paths_at_one_draft():

@@ -18,6 +18,8 @@ acceptance of `spectr_jax.acceptance` (nothing in spectr_jax imports it). Small 
 - `bound_lp(p, q, k)`: max P(Y in S) by the exact coupling LP over the draft sets.
 - `multiset_law(p_tab, k, draft_len)`: the law of the multiset of K draft paths of the
   "wor" scheme on an enumerable tree (the input of a block-level LP).
+- `static_tree_law(p_tab, branching)`: the law of the K paths, in order, of the "wor"
+  scheme with a static branching per depth.
 """
 
 import itertools
@@ -164,4 +166,34 @@ def multiset_law(p_tab, k, draft_len) -> dict[tuple[int, ...], float]:
       prob = weight * np.prod([w for _, w in combo])
       key = tuple(sorted(codes))
       law[key] = law.get(key, 0.0) + prob
+  return law
+
+
+def static_tree_law(p_tab, branching) -> dict[tuple[int, ...], float]:
+  """The law of the K draft paths, in path order, of the "wor" scheme with a static
+  branching (`drafting.without_replacement`): every node at depth t draws branching[t]
+  children without replacement from p_tab[t, its prefix code] (cut to its support; the
+  extra children copy child 0's subtree), and child j's paths are the j-th block of its
+  node's paths.
+
+  Returns:
+    {tuple of K path codes (base-V, first token most significant): probability}.
+  """
+  vocab = p_tab.shape[-1]
+
+  def subtree(t, code):
+    if t == len(branching):
+      return [((code,), 1.0)]
+    out = []
+    for x, weight in ordered_draws(p_tab[t, code], branching[t]):
+      children = [subtree(t + 1, code * vocab + xi) for xi in x]
+      for combo in itertools.product(*children):
+        paths = [c for sub, _ in combo for c in sub]
+        paths += list(combo[0][0]) * (branching[t] - len(x))
+        out.append((tuple(paths), weight * np.prod([w for _, w in combo])))
+    return out
+
+  law = {}
+  for paths, prob in subtree(0, 0):
+    law[paths] = law.get(paths, 0.0) + prob
   return law
