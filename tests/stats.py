@@ -25,11 +25,12 @@ def tests_run() -> int:
   return _count
 
 
-def chisquare_pvalue(counts, probs) -> float:
-  """Pearson chi-square p-value of `counts` against the law `probs`.
+def _pearson(counts, probs):
+  """Pearson's statistic of `counts` against `probs` and its degrees of freedom; None for
+  counts in a cell of probability 0.
 
   Cells with expected count below 5 are pooled into one cell (the rule of thumb for the
-  chi-square approximation). Observations in a cell of probability 0 give p = 0.
+  chi-square approximation).
   """
   counts = np.asarray(counts, dtype=np.float64).ravel()
   probs = np.asarray(probs, dtype=np.float64).ravel()
@@ -39,16 +40,25 @@ def chisquare_pvalue(counts, probs) -> float:
     raise ValueError(f"probs is not a distribution (sum {probs.sum()})")
   n = counts.sum()
   if np.any(counts[probs == 0] > 0):
-    return 0.0
+    return None
   expected = n * probs
   small = expected < _MIN_EXPECTED
   obs = np.concatenate([counts[~small], [counts[small].sum()]])
   exp = np.concatenate([expected[~small], [expected[small].sum()]])
   keep = exp > 0
   obs, exp = obs[keep], exp[keep]
-  if obs.size < 2:
-    return 1.0
-  return float(sstats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+  exp = exp * obs.sum() / exp.sum()
+  return float(np.sum((obs - exp) ** 2 / exp)), obs.size - 1
+
+
+def chisquare_pvalue(counts, probs) -> float:
+  """Pearson chi-square p-value of `counts` against the law `probs` (cells of expected
+  count below 5 pooled). Observations in a cell of probability 0 give p = 0."""
+  pearson = _pearson(counts, probs)
+  if pearson is None:
+    return 0.0
+  statistic, df = pearson
+  return 1.0 if df < 1 else float(sstats.chi2.sf(statistic, df))
 
 
 def assert_law(counts, probs, what: str = "") -> float:
@@ -60,10 +70,28 @@ def assert_law(counts, probs, what: str = "") -> float:
   return pvalue
 
 
-def assert_rejects(counts, probs, what: str = "") -> float:
-  """Asserts that a broken variant's `counts` are rejected as draws from `probs`."""
+def rejection_power(counts, probs) -> float:
+  """The estimated probability that another sample of the same size from the broken
+  variant is rejected at `ALPHA`: Pearson's statistic less its degrees of freedom
+  estimates the noncentrality of its (noncentral chi-square) law under the variant."""
+  pearson = _pearson(counts, probs)
+  if pearson is None:
+    return 1.0
+  statistic, df = pearson
+  critical = sstats.chi2.isf(ALPHA, df)
+  return float(sstats.ncx2.sf(critical, df, max(statistic - df, 1e-9)))
+
+
+def assert_rejects(counts, probs, what: str = "", min_power: float | None = None) -> float:
+  """Asserts that a broken variant's `counts` are rejected as draws from `probs`; with
+  `min_power`, also that the rejection is not luck: a new sample of the same size would
+  be rejected with at least that estimated probability (`rejection_power`), which is how
+  a test's sample size is shown to be large enough."""
   pvalue = chisquare_pvalue(counts, probs)
   assert pvalue < ALPHA, f"{what}: broken variant not rejected (p = {pvalue:.3g})"
+  if min_power is not None:
+    power = rejection_power(counts, probs)
+    assert power >= min_power, f"{what}: rejected, but with estimated power {power:.3f}"
   return pvalue
 
 
