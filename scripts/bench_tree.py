@@ -12,12 +12,20 @@ tree: `engine.generate(branching=...)`) scored as K tails and as their deduplica
   - the target call and the engine's round (`bench_decode.part_timers`) in ms, tails and
     tree, and their ratios.
 
+With --budgets 16,32,64 it answers instead: at an equal node budget, which drafting scheme
+and verifier emit the most tokens per round? Each config runs as a scored tree only (no
+timing); its node cap (K L for i.i.d. paths, the sum over depths of the product of the
+branching for a static tree) puts it in the smallest budget that holds it, and each row
+gives its block efficiency with the paired 95% interval of its per-prompt difference to
+the first config of its budget (same prompts and keys).
+
 Usage: python scripts/bench_tree.py [--configs kseq:4:4,kseq:8:4,kseq:8:8,rrs:8:4:4-2-1-1]
-         [--batch 4] [--prompts 100] [--max_new_tokens 64]
+         [--batch 4] [--prompts 100] [--max_new_tokens 64] [--budgets 16,32,64]
 """
 
 import argparse
 import functools
+import math
 import os
 import pathlib
 
@@ -133,8 +141,71 @@ def compare(draft, target, timed, many, configs, max_new_tokens, repeats):
   return rows
 
 
-def format_rows(rows) -> str:
-  return markdown_table(rows, COLS)
+BUDGET_COLS = [
+  ("budget", "node budget", "{}"),
+  ("method", "method", "{}"),
+  ("K", "K", "{}"),
+  ("L", "L", "{}"),
+  ("branching", "branching", "{}"),
+  ("cap", "draft node cap", "{}"),
+  ("nodes", "scored prefixes / round (root too)", "{:.1f}"),
+  ("be", "block eff.", "{:.3f}"),
+  ("vs_first", "- first of budget [95%]", "{}"),
+  ("tpp", "tokens / target position", "{:.3f}"),
+]
+
+
+def node_cap(k: int, length: int, branching) -> int:
+  """The most draft nodes a round's tree can have: K L for i.i.d. paths; for a static
+  tree, the sum over depths of the product of the branching up to that depth."""
+  if branching is None:
+    return k * length
+  return sum(math.prod(branching[: d + 1]) for d in range(length))
+
+
+def by_budget(configs, budgets):
+  """{budget: [(method, K, L, branching, node cap)]}: each config (`parse_configs`) in the
+  smallest of `budgets` that holds its node cap, in the order given."""
+  groups = {b: [] for b in sorted(budgets)}
+  for method, k, length, branching in configs:
+    cap = node_cap(k, length, branching)
+    budget = next((b for b in groups if cap <= b), None)
+    if budget is None:
+      raise ValueError(f"{method}:{k}:{length} has {cap} nodes, above every budget {budgets}")
+    groups[budget].append((method, k, length, branching, cap))
+  return groups
+
+
+def budget_rows(draft, target, many, configs, max_new_tokens, budgets):
+  """One row per config decoded as scored trees on `many` (prompts_BxP, lengths_B),
+  grouped by `by_budget` (see the module docstring)."""
+  rows = []
+  for budget, group in by_budget(configs, budgets).items():
+    first = None
+    for method, k, length, branching, cap in group:
+      s = decode(draft, target, *many, method, k, length, branching, max_new_tokens, True)
+      per_prompt = s["emitted"] / s["rounds"]
+      first = per_prompt if first is None else first
+      rows.append(
+        dict(
+          budget=budget,
+          method=method,
+          K=k,
+          L=length,
+          branching="-" if branching is None else "-".join(map(str, branching)),
+          cap=cap,
+          nodes=s["nodes"].sum() / s["rounds"].sum(),
+          be=s["emitted"].sum() / s["rounds"].sum(),
+          vs_first=paired_interval(first, per_prompt),
+          tpp=s["emitted"].sum() / s["positions"].sum(),
+        )
+      )
+      print(f"decoded {method}:{k}:{length} {rows[-1]['branching']} ({budget} nodes)", flush=True)
+  return rows
+
+
+def format_rows(rows, cols=COLS) -> str:
+  return markdown_table(rows, cols)
 
 
 def main():
@@ -145,6 +216,7 @@ def main():
   parser.add_argument("--prompt_len", type=int, default=8)
   parser.add_argument("--max_new_tokens", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--budgets", default="", help="e.g. 16,32,64: the node-budget table")
   args = parser.parse_args()
   workdir = pathlib.Path(os.environ.get("SPECTR_WORKDIR", "~/.cache/spectr_jax")).expanduser()
   draft, target, heldout, what = load_pair(workdir)
@@ -152,6 +224,12 @@ def main():
   timed = bench_prompts(heldout, args.batch, args.prompt_len, vocab)
   many = bench_prompts(heldout, args.prompts, args.prompt_len, vocab)
   configs = parse_configs(args.configs)
+  if args.budgets:
+    budgets = [int(b) for b in args.budgets.split(",")]
+    rows = budget_rows(draft, target, many, configs, args.max_new_tokens, budgets)
+    print(f"\n{what}: {args.prompts} prompts, {args.max_new_tokens} new tokens, trees\n")
+    print(format_rows(rows, BUDGET_COLS))
+    return
   rows = compare(draft, target, timed, many, configs, args.max_new_tokens, args.repeats)
   print(f"\n{what}: {args.prompts} prompts for the efficiencies, {args.batch} rows timed, ")
   print(f"{jax.devices()[0].platform}, {args.repeats} interleaved repeats\n")

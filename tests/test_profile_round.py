@@ -88,3 +88,34 @@ def test_bench_tree_prints_tails_beside_trees():
   assert row["nodes"] <= row["pos_tree"]
   assert all(row[k] > 0 for k in ("target_tails", "target_tree", "round_tails", "round_tree"))
   assert bench_tree.format_rows([row]).count("\n") == 2
+
+
+def test_node_budgets_group_paths_and_static_trees():
+  bench_tree = _script("bench_tree")
+  assert bench_tree.node_cap(8, 4, None) == 32  # i.i.d. paths: up to K L distinct nodes
+  assert bench_tree.node_cap(8, 4, (4, 2, 1, 1)) == 4 + 8 + 8 + 8
+  configs = bench_tree.parse_configs("kseq:8:4,rrs:8:4:4-2-1-1,kseq:4:4,rrs:8:4:2-2-2-1")
+  groups = bench_tree.by_budget(configs, [32, 16])
+  assert {b: [(m, cap) for m, _, _, _, cap in g] for b, g in groups.items()} == {
+    16: [("kseq", 16)],
+    32: [("kseq", 32), ("rrs", 28), ("rrs", 22)],
+  }
+  with pytest.raises(ValueError, match="above every budget"):
+    bench_tree.by_budget(configs, [16])
+
+
+@pytest.mark.slow
+def test_bench_tree_node_budget_table():
+  """--budgets: two configs of one budget decoded as trees on the same prompts, the
+  second compared with the first (the first with itself: exactly 0)."""
+  bench_tree = _script("bench_tree")
+  v, b, width = 8, 3, 4
+  configs = [get_model_config(name, v, max_len=32) for name in ("draft-test", "target-test")]
+  draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
+  prompts = (jnp.ones((b, width), jnp.int32), jnp.full((b,), width))
+  configs = bench_tree.parse_configs("kseq:2:2,rrs:2:2")
+  rows = bench_tree.budget_rows(draft, target, prompts, configs, 4, [4])
+  assert [(r["budget"], r["method"], r["cap"]) for r in rows] == [(4, "kseq", 4), (4, "rrs", 4)]
+  assert rows[0]["vs_first"] == "+0.000 [+0.000, +0.000]"
+  assert all(1 < r["nodes"] <= r["cap"] + 1 and r["be"] >= 1 for r in rows)  # + the root
+  assert bench_tree.format_rows(rows, bench_tree.BUDGET_COLS).count("\n") == 3
