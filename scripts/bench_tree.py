@@ -2,7 +2,8 @@
 
 For the embedded pair (or random-weight models of its sizes when it is missing), prints
 one row per (method, K, L[, branching]) with its drafts (i.i.d., or for "rrs" a static
-tree: `engine.generate(branching=...)`) scored as K tails and as their deduplicated tree
+tree, or with ":proportional" the tree shaped by the draft's probabilities:
+`engine.generate(branching=...)`) scored as K tails and as their deduplicated tree
 (`engine.generate(tree=True)`), all timed round-robin in one run:
   - block efficiency of both on the same held-out prompts and keys (a tree round is the
     same random object: tokens differ only where float32 rounding flips a decision), with
@@ -33,7 +34,7 @@ import jax
 import numpy as np
 from bench_decode import CALLS, bench_prompts, load_pair, part_timers
 
-from spectr_jax import engine
+from spectr_jax import drafting, engine
 from spectr_jax.timing import interleaved_medians, markdown_table
 
 COLS = [
@@ -58,14 +59,25 @@ COLS = [
 ]
 
 
-def parse_configs(text: str) -> list[tuple[str, int, int, tuple[int, ...] | None]]:
-  """ "method:K:L[:b1-b2-...],..." -> [(method, K, L, branching or None)]."""
+def parse_configs(text: str) -> list[tuple[str, int, int, tuple[int, ...] | str | None]]:
+  """ "method:K:L[:b1-b2-...|:proportional],..." -> [(method, K, L, branching or None)]."""
   configs = []
   for item in text.split(","):
     method, k, length, *branching = item.split(":")
-    tree = tuple(int(b) for b in branching[0].split("-")) if branching else None
-    configs.append((method, int(k), int(length), tree))
+    if not branching:
+      shape = None
+    elif branching[0] == drafting.PROPORTIONAL:
+      shape = drafting.PROPORTIONAL
+    else:
+      shape = tuple(int(b) for b in branching[0].split("-"))
+    configs.append((method, int(k), int(length), shape))
   return configs
+
+
+def branching_label(branching) -> str:
+  if branching is None:
+    return "-"
+  return branching if isinstance(branching, str) else "-".join(map(str, branching))
 
 
 def decode(draft, target, prompts, lengths, method, k, length, branching, max_new_tokens, tree):
@@ -110,7 +122,7 @@ def compare(draft, target, timed, many, configs, max_new_tokens, repeats):
         method=method,
         K=k,
         L=length,
-        branching="-" if branching is None else "-".join(map(str, branching)),
+        branching=branching_label(branching),
         be_tails=tails["emitted"].sum() / tails["rounds"].sum(),
         be_tree=trees["emitted"].sum() / trees["rounds"].sum(),
         be_diff=paired_interval(
@@ -156,9 +168,10 @@ BUDGET_COLS = [
 
 
 def node_cap(k: int, length: int, branching) -> int:
-  """The most draft nodes a round's tree can have: K L for i.i.d. paths; for a static
-  tree, the sum over depths of the product of the branching up to that depth."""
-  if branching is None:
+  """The most draft nodes a round's tree can have: K L for i.i.d. paths and for the
+  proportional tree; for a static tree, the sum over depths of the product of the
+  branching up to that depth."""
+  if branching is None or branching == drafting.PROPORTIONAL:
     return k * length
   return sum(math.prod(branching[: d + 1]) for d in range(length))
 
@@ -192,7 +205,7 @@ def budget_rows(draft, target, many, configs, max_new_tokens, budgets):
           method=method,
           K=k,
           L=length,
-          branching="-" if branching is None else "-".join(map(str, branching)),
+          branching=branching_label(branching),
           cap=cap,
           nodes=s["nodes"].sum() / s["rounds"].sum(),
           be=s["emitted"].sum() / s["rounds"].sum(),

@@ -123,13 +123,21 @@ def default_branching(num_drafts: int, draft_len: int) -> tuple[int, ...]:
   return (num_drafts,) + (1,) * (draft_len - 1)
 
 
+PROPORTIONAL = "proportional"
+
+
 def check_branching(branching, num_drafts: int, draft_len: int) -> None:
-  """Raises a clear error unless `branching` is L integers >= 1 whose product is K."""
+  """Raises a clear error unless `branching` is L integers >= 1 whose product is K, or
+  `PROPORTIONAL` (a tree shaped by the draft's path probabilities: `_proportional`)."""
+  if branching == PROPORTIONAL:
+    return
   if not (
     isinstance(branching, tuple)
     and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in branching)
   ):
-    raise ValueError(f"branching must be a tuple of integers >= 1, got {branching!r}")
+    raise ValueError(
+      f"branching must be a tuple of integers >= 1 or {PROPORTIONAL!r}, got {branching!r}"
+    )
   if len(branching) != draft_len or math.prod(branching) != num_drafts:
     raise ValueError(
       f"branching {branching} must have draft_len = {draft_len} entries whose product is "
@@ -155,13 +163,13 @@ def check_distinct(drafts_KxL) -> None:
       )
 
 
-def _iid(key_BxK, p_BxKxV, source_BxK, level):
+def _iid(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2):
   """The i.i.d. scheme's draws at one depth: one per tail, with its own key."""
   del level
-  return sample_BxK(key_BxK, p_BxKxV), source_BxK
+  return sample_BxK(key_BxK, p_BxKxV), source_BxK, block_BxKx2
 
 
-def _children(key_BxK, p_BxKxV, source_BxK, level, *, max_children: int):
+def _children(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2, *, max_children: int):
   """One depth of a static tree: every node draws its children without replacement.
 
   A node is a block of `size` consecutive tails that share their prefix (level = (size,
@@ -186,16 +194,58 @@ def _children(key_BxK, p_BxKxV, source_BxK, level, *, max_children: int):
   child_K = tail_K % size // child_size
   x_BxK, valid_BxK = x_BxNxM[:, node_K, child_K], valid_BxNxM[:, node_K, child_K]
   copied_BxK = jnp.take_along_axis(source_BxK, (tail_K - child_K * child_size)[None], 1)
-  return x_BxK, jnp.where(valid_BxK, source_BxK, copied_BxK)
+  return x_BxK, jnp.where(valid_BxK, source_BxK, copied_BxK), block_BxKx2
+
+
+def shares(size, drawn_p_M, valid_M):
+  """The paths each child of a node of `size` paths gets, children in the order drawn:
+  about `size` times its draft probability, at least 1, until the node's paths are
+  spent (later draws get 0: not children); paths left when the support runs out go to
+  child 0. Each count depends only on the draws before it, so whether a child exists
+  never depends on its own token (`_proportional`)."""
+  want_M = jnp.where(valid_M, jnp.maximum(1, jnp.round(size * drawn_p_M)), 0).astype(jnp.int32)
+  before_M = jnp.cumsum(want_M) - want_M
+  got_M = jnp.clip(size - before_M, 0, want_M)
+  return got_M.at[0].add(size - jnp.sum(got_M))
+
+
+def _proportional(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2):
+  """One depth of a tree shaped by the draft (branching `PROPORTIONAL`): a node holding a
+  block of m consecutive tails (block_BxKx2: each tail's block start and m) draws
+  children without replacement (`distinct_tokens` on the p of its first tail, draw j
+  with the key of its tail j) and gives child j `shares` of the block, in order. So a
+  node of draft path probability P ends up with about K P of the K paths: peaked draft
+  laws grow deep subtrees, flat ones wide nodes. A child's count of paths is set by the
+  draws before it and its own probability, so the number of children of a node never
+  depends on their tokens, and recursive rejection without replacement stays exact.
+  """
+  del level
+  k = key_BxK.shape[1]
+  start_BxK, size_BxK = block_BxKx2[..., 0], block_BxKx2[..., 1]
+  p_node_BxKxV = jnp.take_along_axis(p_BxKxV, start_BxK[..., None], 1)
+  draw_BxKxM = jnp.minimum(start_BxK[..., None] + jnp.arange(k), k - 1)
+  keys_BxKxM = jax.vmap(lambda keys, idx: keys[idx])(key_BxK, draw_BxKxM)
+  x_BxKxM, valid_BxKxM = jax.vmap(jax.vmap(distinct_tokens))(keys_BxKxM, p_node_BxKxV)
+  drawn_p_BxKxM = jnp.take_along_axis(p_node_BxKxV, x_BxKxM, -1)
+  got_BxKxM = jax.vmap(jax.vmap(shares))(size_BxK, drawn_p_BxKxM, valid_BxKxM)
+  end_BxKxM = jnp.cumsum(got_BxKxM, -1)
+  offset_BxK = jnp.arange(k) - start_BxK
+  child_BxK = jnp.sum(end_BxKxM <= offset_BxK[..., None], -1)
+  pick = lambda a_BxKxM: jnp.take_along_axis(a_BxKxM, child_BxK[..., None], -1)[..., 0]  # noqa: E731
+  got_BxK = pick(got_BxKxM)
+  block_BxKx2 = jnp.stack([start_BxK + pick(end_BxKxM) - got_BxK, got_BxK], -1)
+  return pick(x_BxKxM), source_BxK, block_BxKx2
 
 
 def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pending_Bx2,
            num_pending_B, key_B, probs, *, num_drafts: int, draft_len: int) -> Drafts:  # fmt: skip
   """K draft paths of L tokens per row, drawn depth by depth.
 
-  `first` (depth 0) and `draw` (the later depths), (key_BxK, p_BxKxV, source_BxK, level)
-  -> (x_BxK, source_BxK), draw every tail's token at one depth (level = levels[t]: Python
-  ints at depth 0, traced after) and name the
+  `first` (depth 0) and `draw` (the later depths), (key_BxK, p_BxKxV, source_BxK, level,
+  block_BxKx2) -> (x_BxK, source_BxK, block_BxKx2), draw every tail's token at one depth
+  (level = levels[t]: Python ints at depth 0, traced after; block_BxKx2: each tail's
+  node as (first tail, tails), carried for `_proportional`, all K tails at the root) and
+  name the
   tail each one copies (itself, or a tail of an earlier subtree with the same tokens);
   a copying tail continues with its source's keys, so it draws the same tokens, and its
   tokens are set to the source's at the end (the verifier's view never depends on two
@@ -213,26 +263,31 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
   p_BxKxV = probs(logits_BxKxV)
   key_LxBxK = draft_keys_LxBxK(key_B, n, k)
   source_BxK = jnp.broadcast_to(jnp.arange(k), (b, k))
-  x_BxK, source_BxK = first(key_LxBxK[0], p_BxKxV, source_BxK, tuple(levels[0]))
+  block_BxKx2 = jnp.broadcast_to(jnp.asarray([0, k], jnp.int32), (b, k, 2))
+  x_BxK, source_BxK, block_BxKx2 = first(
+    key_LxBxK[0], p_BxKxV, source_BxK, tuple(levels[0]), block_BxKx2
+  )
   p_BxKxLxV = jnp.zeros((b, k, n) + p_BxKxV.shape[-1:], p_BxKxV.dtype)
   p_BxKxLxV = p_BxKxLxV.at[:, :, 0].set(p_BxKxV)
   drafts_BxKxL = jnp.zeros((b, k, n), jnp.int32).at[:, :, 0].set(x_BxK)
 
   def step(carry, inputs):
-    cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK = carry
+    cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2 = carry
     t, level = inputs
     x_BxKx1 = jax.lax.dynamic_slice_in_dim(drafts_BxKxL, t - 1, 1, axis=2)
     logits_BxKx1xV, cache = extend(params, x_BxKx1, cache)
     bad_B |= sampling.nonfinite_rows(logits_BxKx1xV)
     p_BxKx1xV = probs(logits_BxKx1xV)
     key_BxK = jnp.take_along_axis(key_LxBxK[t], source_BxK, 1)
-    nxt_BxK, source_BxK = draw(key_BxK, p_BxKx1xV[:, :, 0], source_BxK, tuple(level))
+    nxt_BxK, source_BxK, block_BxKx2 = draw(
+      key_BxK, p_BxKx1xV[:, :, 0], source_BxK, tuple(level), block_BxKx2
+    )
     drafts_BxKxL = jax.lax.dynamic_update_slice_in_dim(drafts_BxKxL, nxt_BxK[..., None], t, 2)
     p_BxKxLxV = jax.lax.dynamic_update_slice_in_dim(p_BxKxLxV, p_BxKx1xV, t, axis=2)
-    return (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK), None
+    return (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2), None
 
-  carry = (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK)
-  (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK), _ = jax.lax.scan(
+  carry = (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2)
+  (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, _), _ = jax.lax.scan(
     step, carry, (jnp.arange(1, n), jnp.asarray(levels[1:], jnp.int32).reshape(n - 1, 2))
   )
   drafts_BxKxL = jnp.take_along_axis(drafts_BxKxL, source_BxK[:, :, None], 1)
@@ -304,13 +359,18 @@ def without_replacement(
     probs: logits [..., V] -> sampling distributions (the decode's transform).
     num_drafts, draft_len: K and L (static).
     branching: children per node at each depth (static; `check_branching`), None for
-      (K, 1, ..., 1).
+      (K, 1, ..., 1), or `PROPORTIONAL`: each node's children and their shares of the K
+      paths follow the draft's probabilities (`_proportional`).
 
   Returns:
     `Drafts`.
   """
   branching = default_branching(num_drafts, draft_len) if branching is None else branching
   check_branching(branching, num_drafts, draft_len)
+  if branching == PROPORTIONAL:
+    return _paths(_proportional, _proportional, [(1, 1)] * draft_len, extend, params, cache,
+                  pending_Bx2, num_pending_B, key_B, probs, num_drafts=num_drafts,
+                  draft_len=draft_len)  # fmt: skip
   levels, size = [], num_drafts
   for children in branching:
     levels.append((size, size // children))

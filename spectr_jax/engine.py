@@ -214,7 +214,7 @@ def generate(
   prompt_ids: jax.Array | None = None,
   mesh: jax.sharding.Mesh | None = None,
   tree: bool = False,
-  branching: Sequence[int] | None = None,
+  branching: Sequence[int] | str | None = None,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with speculative decoding (or autoregressively).
 
@@ -245,8 +245,9 @@ def generate(
       output law for every method, fewer target positions when drafts share prefixes.
     branching: for a method whose drafting scheme draws a static tree
       (`methods.Drafting.branches`: "rrs"), the children per node at each depth, L
-      integers whose product is K (e.g. (4, 2, 1, 1) for K = 8, L = 4); None for the
-      scheme's default.
+      integers whose product is K (e.g. (4, 2, 1, 1) for K = 8, L = 4), or "proportional"
+      (`drafting.PROPORTIONAL`: each node's children and their shares of the K paths
+      follow the draft's probabilities); None for the scheme's default.
 
   Returns:
     `GenerateOutput(tokens_BxT, lengths_B, stats)`.
@@ -283,9 +284,9 @@ def _prepare(
   if not isinstance(tree, bool):
     raise ValueError(f"tree must be True or False, got {tree!r}")
   if branching is not None:
-    branching = tuple(branching)
+    branching = branching if isinstance(branching, str) else tuple(branching)
     if not methods.DRAFTING[methods.get(method).drafting].branches:
-      raise ValueError(f"method {method!r} drafts no static tree: branching must be None")
+      raise ValueError(f"method {method!r} drafts no tree: branching must be None")
     drafting.check_branching(branching, num_drafts, draft_len)
   rho_mode, rho_value = acceptance.split_rho(rho)
   if not methods.get(method).takes_rho:  # not part of the program: one compile for any rho

@@ -98,8 +98,9 @@ class Drafting:
     summary: one line for docs and reports.
     check: "module:function" that raises a clear error for concrete drafts_KxL this
       scheme cannot have drawn (`verify.verify_block` runs it), or "".
-    branches: whether the scheme draws a static tree and takes its children per depth
-      (`engine.generate(branching=...)`, passed on as the scheme's `branching`).
+    branches: whether the scheme draws a tree and takes its shape, children per depth
+      or "proportional" (`engine.generate(branching=...)`, passed on as the scheme's
+      `branching`).
   """
 
   name: str

@@ -37,7 +37,8 @@ class DecodeSpec:
   draft_config: ModelConfig | None
   target_config: ModelConfig
   tree: bool = False
-  branching: tuple[int, ...] | None = None  # a static tree's children per depth (`drafting`)
+  # A tree's children per depth, or drafting.PROPORTIONAL (`drafting.without_replacement`).
+  branching: tuple[int, ...] | str | None = None
 
   @property
   def scores_tree(self) -> bool:

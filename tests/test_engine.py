@@ -287,11 +287,13 @@ def test_engine_exact_on_model_sharded_mesh(models):
 
 
 def test_branching_is_checked(models):
-  """A static branching only for a scheme that draws static trees, L entries, product K."""
+  """A branching only for a scheme that draws trees: L entries of product K, or
+  "proportional"."""
   draft, target = models
-  with pytest.raises(ValueError, match="drafts no static tree"):
-    generate(draft, target, "kseq", 4, 2, 4, batch=2, branching=(2, 2))
-  for bad in [(2, 3), (4,), (2, 2, 1), (4, 0)]:
+  for branching in [(2, 2), "proportional"]:
+    with pytest.raises(ValueError, match="drafts no tree"):
+      generate(draft, target, "kseq", 4, 2, 4, batch=2, branching=branching)
+  for bad in [(2, 3), (4,), (2, 2, 1), (4, 0), "proportionl"]:
     with pytest.raises(ValueError, match="branching"):
       generate(draft, target, "rrs", 4, 2, 4, batch=2, branching=bad)
 

@@ -94,6 +94,8 @@ def test_node_budgets_group_paths_and_static_trees():
   bench_tree = _script("bench_tree")
   assert bench_tree.node_cap(8, 4, None) == 32  # i.i.d. paths: up to K L distinct nodes
   assert bench_tree.node_cap(8, 4, (4, 2, 1, 1)) == 4 + 8 + 8 + 8
+  assert bench_tree.parse_configs("rrs:8:4:proportional") == [("rrs", 8, 4, "proportional")]
+  assert bench_tree.node_cap(8, 4, "proportional") == 32
   configs = bench_tree.parse_configs("kseq:8:4,rrs:8:4:4-2-1-1,kseq:4:4,rrs:8:4:2-2-2-1")
   groups = bench_tree.by_budget(configs, [32, 16])
   assert {b: [(m, cap) for m, _, _, _, cap in g] for b, g in groups.items()} == {

@@ -484,7 +484,7 @@ def test_static_tree_default_is_the_scheme_of_distinct_first_tokens():
   default = _draft(p_tab, 3, 3, 64, seed=1)
   explicit = _draft(p_tab, 3, 3, 64, seed=1, branching=(3, 1, 1))
   np.testing.assert_array_equal(np.asarray(default.tokens_BxKxL), np.asarray(explicit.tokens_BxKxL))
-  for bad in [(3, 1), (2, 1, 1), (3, 1, 0), [3, 1, 1]]:
+  for bad in [(3, 1), (2, 1, 1), (3, 1, 0), [3, 1, 1], "proportionl"]:
     with pytest.raises(ValueError, match="branching"):
       _draft(p_tab, 3, 3, 4, branching=bad)
 
@@ -500,9 +500,9 @@ def test_rrs_verifies_a_static_tree_node_by_node(broken, monkeypatch):
   if broken:
     real = drafting._children
 
-    def first_nodes_law(key_BxK, p_BxKxV, source_BxK, level, *, max_children):
+    def first_nodes_law(key_BxK, p_BxKxV, *args, max_children):
       p_BxKxV = jnp.broadcast_to(p_BxKxV[:, :1], p_BxKxV.shape)
-      return real(key_BxK, p_BxKxV, source_BxK, level, max_children=max_children)
+      return real(key_BxK, p_BxKxV, *args, max_children=max_children)
 
     monkeypatch.setattr(drafting, "_children", first_nodes_law)
   codes, nums = _sample_blocks(p_tab, q_tab, 4, 2, branching=(2, 2))
@@ -512,6 +512,72 @@ def test_rrs_verifies_a_static_tree_node_by_node(broken, monkeypatch):
     stats.assert_rejects(counts, law, "rrs on a static tree drawn from the wrong node's law")
   else:
     stats.assert_law(counts, law, "rrs on a static tree (2, 2)")
+    assert nums.min() >= 1 and nums.max() <= 3
+
+
+@pytest.mark.parametrize(
+  "sparse, k", [(True, 4), pytest.param(False, 4, marks=pytest.mark.slow), (False, 3)]
+)
+def test_proportional_tree_draws_its_law(sparse, k):
+  """Branching "proportional": the K paths in order follow
+  `wor_reference.proportional_tree_law` (a node of m paths gives child j about m p(x_j)
+  of them, at least 1, children without replacement until the paths are spent; on the
+  sparse tree the root's 2 tokens cannot take 4 paths: the rest go to child 0)."""
+  vocab, draft_len = 3, 2
+  p_tab, _ = _tree(11, vocab, draft_len, sparse=sparse)
+  out = _draft(p_tab, k, draft_len, N, seed=4, branching="proportional")
+  tokens_BxKxL = np.asarray(out.tokens_BxKxL)
+  law = ref.proportional_tree_law(p_tab, k)
+  assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
+  index = {paths: i for i, paths in enumerate(law)}
+  cells = [index.get(tuple(row), len(law)) for row in _codes(tokens_BxKxL, vocab)]
+  counts = np.bincount(cells, minlength=len(law) + 1)
+  assert counts[-1] == 0
+  stats.assert_law(counts[:-1], list(law.values()), f"proportional tree K={k} sparse={sparse}")
+  shapes = {
+    tuple(len({tuple(path[: t + 1]) for path in row}) for t in range(draft_len))
+    for row in tokens_BxKxL[:2000]
+  }
+  assert len(shapes) > 1  # the branching per depth changes with the draws
+
+
+def test_proportional_tree_shares_follow_the_draws_before():
+  """`drafting.shares`: about m p per child, at least 1, until m is spent; what the
+  support leaves goes to child 0."""
+  p = jnp.asarray([0.6, 0.3, 0.1, 0.0])
+  valid = jnp.asarray([True, True, True, False])
+  np.testing.assert_array_equal(drafting.shares(8, p, valid), [5, 2, 1, 0])  # 4.8, 2.4, 0.8
+  np.testing.assert_array_equal(drafting.shares(2, p, valid), [1, 1, 0, 0])
+  np.testing.assert_array_equal(drafting.shares(8, p[:2], valid[:2]), [6, 2])  # 5 + 1 left
+  np.testing.assert_array_equal(
+    drafting.shares(4, jnp.asarray([0.05, 0.9]), jnp.asarray([True, True])), [1, 3]
+  )
+
+
+@pytest.mark.parametrize("broken", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_rrs_verifies_a_proportional_tree(broken, monkeypatch):
+  """RRS on "proportional" trees (K = 4, L = 2): the sequence law is the target's.
+  Broken: a child whose share rounds to 0 paths is dropped, so whether a drawn token
+  becomes a child depends on the token itself (at a root law (0.9, 0.05, 0.05) the rare
+  tokens hardly ever do): caught."""
+  p_tab, q_tab = _tree(12, 3, 2)
+  p_tab[0, 0] = [0.9, 0.05, 0.05]
+  q_tab[0, 0] = [0.4, 0.3, 0.3]
+  if broken:
+
+    def dropping(size, drawn_p_M, valid_M):
+      want_M = jnp.where(valid_M, jnp.round(size * drawn_p_M), 0).astype(jnp.int32)
+      got_M = jnp.clip(size - (jnp.cumsum(want_M) - want_M), 0, want_M)
+      return got_M.at[0].add(size - jnp.sum(got_M))
+
+    monkeypatch.setattr(drafting, "shares", dropping)
+  codes, nums = _sample_blocks(p_tab, q_tab, 4, 2, branching="proportional")
+  law = _sequence_law(q_tab, 2)
+  counts = np.bincount(codes, minlength=law.size)
+  if broken:
+    stats.assert_rejects(counts, law, "rrs on trees dropping children", min_power=0.99)
+  else:
+    stats.assert_law(counts, law, "rrs on a proportional tree")
     assert nums.min() >= 1 and nums.max() <= 3
 
 

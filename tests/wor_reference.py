@@ -197,3 +197,51 @@ def static_tree_law(p_tab, branching) -> dict[tuple[int, ...], float]:
   for paths, prob in subtree(0, 0):
     law[paths] = law.get(paths, 0.0) + prob
   return law
+
+
+def proportional_tree_law(p_tab, num_drafts) -> dict[tuple[int, ...], float]:
+  """The law of the K draft paths, in path order, of the "wor" scheme with branching
+  "proportional" (`drafting._proportional`): a node of m paths draws children without
+  replacement from p_tab[t, its prefix code]; child j gets max(1, round(m p(x_j))) of
+  the paths left (draws stop when none are left), paths left when the support runs out
+  go to child 0, and child j's paths are the j-th block of its node's paths.
+
+  Returns:
+    {tuple of K path codes (base-V, first token most significant): probability}.
+  """
+  vocab, depth = p_tab.shape[-1], p_tab.shape[0] - 1
+
+  def allocations(p, size):
+    """[(children tokens, their paths, probability)] of one node's draws."""
+    out = []
+
+    def draw(left, paths_left, xs, gots, prob):
+      if paths_left == 0 or not np.any(left > 0):
+        gots = list(gots)
+        gots[0] += paths_left
+        out.append((tuple(xs), tuple(gots), prob))
+        return
+      for x in np.flatnonzero(left > 0):
+        got = min(paths_left, max(1, int(np.round(size * p[x]))))
+        rest = left.copy()
+        rest[x] = 0.0
+        draw(rest, paths_left - got, xs + [int(x)], gots + [got], prob * left[x] / left.sum())
+
+    draw(np.asarray(p, np.float64), size, [], [], 1.0)
+    return out
+
+  def subtree(t, code, size):
+    if t == depth:
+      return [((code,) * size, 1.0)]
+    out = []
+    for xs, gots, weight in allocations(p_tab[t, code], size):
+      children = [subtree(t + 1, code * vocab + x, g) for x, g in zip(xs, gots, strict=True)]
+      for combo in itertools.product(*children):
+        paths = tuple(c for sub, _ in combo for c in sub)
+        out.append((paths, weight * np.prod([w for _, w in combo])))
+    return out
+
+  law = {}
+  for paths, prob in subtree(0, 0, num_drafts):
+    law[paths] = law.get(paths, 0.0) + prob
+  return law
