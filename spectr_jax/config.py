@@ -457,6 +457,10 @@ class PairConfig(Schema):
 # Metadata of a config field whose default value is left out of a cell's key
 # (`DecodeSettings.cell_fields`).
 KEY_WHEN_SET = "key_when_set"
+# The tree shapes a sweep can ask of a drafting scheme that takes one: its default, or
+# `drafting.PROPORTIONAL` (named here, since this module imports no JAX code; a static
+# branching fits one K and L only, so it is `engine.generate`'s and bench_tree.py's).
+SWEEP_BRANCHINGS = ("", "proportional")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,6 +477,9 @@ class DecodeSettings(Schema):
     stop_at_eos: stop a row at EOS (False: decode on into the next sentence).
     tree: score each round's K drafts as their token tree (`engine.generate(tree=True)`:
       the same output law, each distinct prefix scored once).
+    branching: the tree a drafting scheme that takes one draws (`engine.generate(
+      branching=...)`, "rrs"): "" for its default, or "proportional" (shaped by the
+      draft's probabilities, any K and L). Cells of other schemes ignore it.
 
   A field added after results were first stored carries `KEY_WHEN_SET` in its metadata:
   a cell's record (and so its key) holds it only where it differs from its default, so
@@ -487,6 +494,7 @@ class DecodeSettings(Schema):
   max_new_tokens: int = 64
   stop_at_eos: bool = False
   tree: bool = dataclasses.field(default=False, metadata={KEY_WHEN_SET: True})
+  branching: str = dataclasses.field(default="", metadata={KEY_WHEN_SET: True})
 
   def __post_init__(self):
     _integers("num_prompts", [self.num_prompts], 1)
@@ -500,6 +508,8 @@ class DecodeSettings(Schema):
     for name in ("stop_at_eos", "tree"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+    if self.branching not in SWEEP_BRANCHINGS:
+      raise ValueError(f"branching must be one of {SWEEP_BRANCHINGS}, got {self.branching!r}")
     # Normalise the types, so equal settings hash (and key cells) equally.
     object.__setattr__(self, "temperature", float(self.temperature))
     object.__setattr__(self, "top_k", int(self.top_k))
@@ -516,7 +526,8 @@ class DecodeSettings(Schema):
 
   def sampling_args(self, eos_ids: Sequence[int] = (EOS_ID,)) -> dict[str, Any]:
     """The `engine.generate` arguments these settings fix: temperature, top_k, top_p,
-    eos_id (None where there is no truncation or no stop token) and tree.
+    eos_id (None where there is no truncation or no stop token), tree and branching
+    (None for the scheme's default).
 
     Args:
       eos_ids: the pair's stop tokens (`Pair.special.eos`).
@@ -527,6 +538,7 @@ class DecodeSettings(Schema):
       top_p=None if self.top_p >= 1 else self.top_p,
       eos_id=tuple(eos_ids) if self.stop_at_eos else None,
       tree=self.tree,
+      branching=self.branching or None,
     )
 
 

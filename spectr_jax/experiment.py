@@ -86,7 +86,8 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
   multi-draft methods at their K >= 2, since at K = 1 they are their `single` method) for
   every L (autoregressive once), and methods with a split factor once per rho; a fixed
   rho above K is skipped (it is clipped to K, i.e. the "k" strategy). `decoding.tree`
-  applies to the cells with drafts (L >= 1).
+  applies to the cells with drafts (L >= 1), `decoding.branching` to those of a scheme
+  that draws trees (`methods.Drafting.branches`).
 
   Args:
     config: the sweep.
@@ -104,11 +105,20 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
           [methods.check_rho(r) for r in rhos_for(config.rhos, k)] if method.takes_rho else [None]
         )
         grid += [(method.name, k, draft_len, rho) for rho in rhos]
-  # Rounds without drafts have no tree: such a cell is the same with or without `tree`
-  # (one key, decoded once for a tails sweep and a tree sweep).
-  untreed = dataclasses.replace(config.decoding, tree=False)
+
+  # Settings a cell cannot use are left at their defaults, so it keeps one key (decoded
+  # once) across sweeps that differ only in them: rounds without drafts have no tree,
+  # and a scheme that draws no tree takes no branching.
+  def settings(method, draft_len):
+    branches = methods.DRAFTING[methods.get(method).drafting].branches
+    return dataclasses.replace(
+      config.decoding,
+      tree=config.decoding.tree and draft_len > 0,
+      branching=config.decoding.branching if branches and draft_len else "",
+    )
+
   cells = [
-    Cell(method, k, draft_len, rho, seed, config.decoding if draft_len else untreed, pair)
+    Cell(method, k, draft_len, rho, seed, settings(method, draft_len), pair)
     for method, k, draft_len, rho in grid
     for seed in config.seeds
   ]

@@ -126,12 +126,15 @@ def paired_gains(records: Sequence[dict[str, Any]], pairs=GAIN_PAIRS) -> list[di
     cell = record["cell"]
     if cell["rho"] not in (None, "star"):
       continue
-    setting = _group_key(cell, ("seed", "method", "rho"))
-    by_cell.setdefault((cell["method"], setting), {})[cell["seed"]] = record
+    # A method's cells with a tree shape (`branching`) are compared with its baselines'
+    # cells of the same settings otherwise (the baselines draw no tree).
+    setting = _group_key(cell, ("seed", "method", "rho", "branching"))
+    key = (cell["method"], cell.get("branching", ""), setting)
+    by_cell.setdefault(key, {})[cell["seed"]] = record
   rows = []
-  for (method, setting), members in sorted(by_cell.items()):
+  for (method, _, setting), members in sorted(by_cell.items()):
     for name, baseline in pairs:
-      other = by_cell.get((baseline, setting)) if method == name else None
+      other = by_cell.get((baseline, "", setting)) if method == name else None
       seeds = sorted(set(members) & set(other or {}))
       if not seeds:
         continue
@@ -144,7 +147,7 @@ def paired_gains(records: Sequence[dict[str, Any]], pairs=GAIN_PAIRS) -> list[di
       cell = members[seeds[0]]["cell"]
       rows.append(
         {
-          "method": f"{method} (tree)" if cell.get("tree") else method,
+          "method": method + variant(cell),
           "baseline": baseline,
           "K": cell["num_drafts"],
           "L": cell["draft_len"],
@@ -167,6 +170,14 @@ _GAIN_COLUMNS = (
   ("interval", "paired 95% interval", "{}"),
   ("samples", "seeds x prompts", "{}"),
 )
+
+
+def variant(cell: dict[str, Any]) -> str:
+  """What a cell's label adds for its drafts' tree shape and tree scoring, e.g.
+  " (proportional, tree)"; "" for tails of the scheme's default drafts."""
+  parts = [cell.get("branching", "")] + ["tree"] * bool(cell.get("tree"))
+  parts = [p for p in parts if p]
+  return f" ({', '.join(parts)})" if parts else ""
 
 
 def _group_key(cell: dict[str, Any], drop: Iterable[str]) -> str:
@@ -252,8 +263,9 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     positions = sum(map(sum, scored)) if len(scored) == len(members) else None
     row = {
       "method": cell["method"],
-      "label": f"{label} (tree)" if cell.get("tree") else label,
+      "label": label + variant(cell),
       "tree": bool(cell.get("tree")),
+      "branching": cell.get("branching", ""),
       # Target positions per round and emitted tokens per target position (None for
       # records from before they were stored).
       "positions_per_round": None if positions is None else positions / max(rounds_ZxE.sum(), 1),
@@ -273,8 +285,11 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
       "prompts": emitted_ZxE.shape[1],
       "samples": f"{len(members)} x {emitted_ZxE.shape[1]}",
       **exactness(members),
-      # The autoregressive baseline ignores `tree` (`experiment.expand` stores it without).
-      "_setting": _group_key(cell, ("seed", "method", "num_drafts", "draft_len", "rho", "tree")),
+      # The autoregressive baseline ignores `tree` and `branching` (`experiment.expand`
+      # stores it without).
+      "_setting": _group_key(
+        cell, ("seed", "method", "num_drafts", "draft_len", "rho", "tree", "branching")
+      ),
     }
     if cell["method"] == "autoregressive":
       baselines[row["_setting"]] = tokens_per_s

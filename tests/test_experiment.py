@@ -204,10 +204,12 @@ def test_cell_key_hashes_every_field():
     max_new_tokens=17,
     stop_at_eos=True,
     tree=True,
+    branching="proportional",
     pair="abd",
   )
-  # `tree` (added after results were stored) is in the record only where it is set.
-  assert set(changed) == set(cell.as_record()) | {"tree"}
+  # `tree` and `branching` (added after results were stored) are in the record only where
+  # they are set.
+  assert set(changed) == set(cell.as_record()) | {"tree", "branching"}
 
   def changed_cell(name, value):
     if name in settings.__dataclass_fields__:
@@ -216,6 +218,27 @@ def test_cell_key_hashes_every_field():
 
   keys = {changed_cell(name, value).key for name, value in changed.items()}
   assert len(keys) == len(changed) and cell.key not in keys
+
+
+def test_a_branching_applies_to_the_cells_of_schemes_that_draw_trees(tmp_path):
+  """`decoding.branching` reaches the cells of "rrs" (drafts without replacement) with
+  drafts; the other cells keep the keys of a sweep without it; bad values are refused."""
+  config = sweep_config(tmp_path, methods=("autoregressive", "kseq", "rrs"))
+  shaped = dataclasses.replace(
+    config, decoding=dataclasses.replace(config.decoding, branching="proportional")
+  )
+  plain = {(c.method, c.num_drafts, c.draft_len, c.seed): c for c in experiment.expand(config, "p")}
+  for cell in experiment.expand(shaped, "p"):
+    same = plain[(cell.method, cell.num_drafts, cell.draft_len, cell.seed)]
+    if cell.method == "rrs":
+      assert cell.decoding.branching == "proportional" and cell.key != same.key
+      assert cell.as_record()["branching"] == "proportional"
+    else:
+      assert cell.key == same.key and "branching" not in cell.as_record()
+  assert shaped.decoding.sampling_args()["branching"] == "proportional"
+  assert config.decoding.sampling_args()["branching"] is None
+  with pytest.raises(ValueError, match="branching"):
+    dataclasses.replace(config.decoding, branching="4-2-1-1")
 
 
 @pytest.mark.slow
@@ -476,7 +499,7 @@ def test_an_unknown_config_override_is_named():
     cwd=_REPO, capture_output=True, text=True,
   )  # fmt: skip
   assert out.returncode != 0
-  assert "--config.decoding has no field 'foo' (max_new_tokens, num_prompts" in out.stderr
+  assert "--config.decoding has no field 'foo' (branching, max_new_tokens, num_prompts" in out.stderr
 
 
 def test_a_cell_with_non_finite_logits_is_not_saved(pair, tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import lm1b_spectr
-from spectr_jax import experiment, metrics, report, results
+from spectr_jax import experiment, methods, metrics, report, results
 from spectr_jax.config import DecodeSettings, SweepConfig
 from tests.test_results import valid_record
 
@@ -68,8 +68,27 @@ def test_paired_gains_match_cells():
   assert row["samples"] == "2 x 2"
 
 
-def _record(method, k, draft_len, seed, emitted, rounds, seconds, rho=None, pair="p"):
-  settings = DecodeSettings(1.0, 0, 1.0, len(emitted), 8, 16, False)
+def test_tree_shapes_are_labelled_and_compared_with_their_baselines():
+  """Rows of rrs cells with a drafted tree shape and with tree scoring are named apart;
+  paired gains compare them with the baselines' cells of the same settings."""
+  records = []
+  for seed in (0, 1):
+    records.append(_record("kseq", 4, 4, seed, [16, 16], [8, 8], 2.0, rho="star"))
+    records.append(_record("rrs", 4, 4, seed, [16, 16], [4, 4], 2.0, branching="proportional"))
+    records.append(_record("rrs", 4, 4, seed, [16, 16], [8, 4], 2.0, tree=True))
+  rrs = methods.get("rrs").label
+  labels = {r["label"]: r for r in report.summarize(records)}
+  assert {f"{rrs} (proportional)", f"{rrs} (tree)"} < set(labels)
+  assert labels[f"{rrs} (proportional)"]["branching"] == "proportional"
+  gains = {r["method"]: r for r in report.paired_gains(records) if r["baseline"] == "kseq"}
+  assert gains["rrs (proportional)"]["ratio"] == pytest.approx(2.0)
+  assert "rrs (tree)" not in gains  # its baseline would be kseq's tree cells: none here
+  assert report.variant({"branching": "proportional", "tree": True}) == " (proportional, tree)"
+  assert report.variant({"tree": False}) == ""
+
+
+def _record(method, k, draft_len, seed, emitted, rounds, seconds, rho=None, pair="p", **shape):
+  settings = DecodeSettings(1.0, 0, 1.0, len(emitted), 8, 16, False, **shape)
   cell = experiment.Cell(method, k, draft_len, rho, seed, settings, pair)
   return valid_record(
     cell.key,
