@@ -11,11 +11,13 @@ run is meant to fit in 10 minutes on one GPU.
 
 Then the rounds of `--tree_configs` (default kseq:8:8; "" skips them) as K tails and as
 token trees, side by side (`bench_tree.compare`: target positions, target call and round
-times, block efficiency).
+times, block efficiency). With `--budget_configs` (e.g. "kseq:8:4,rrs:8:4:4-2-1-1,
+rrs:8:4:proportional"), also the node-budget table of `bench_tree.py --budgets` on the
+same prompts (meaningful with a loaded pair: random weights disagree).
 
 Usage: python scripts/bench_device.py [--small] [--draft RUN --target RUN]
          [--configs autoregressive:1:0,sd:1:4,...] [--tree_configs kseq:8:8] [--batch 8]
-         [--max_new_tokens 64]
+         [--max_new_tokens 64] [--budget_configs ... --budgets 16,32,64]
 `--small` uses tiny models (a CPU smoke test of the script).
 """
 
@@ -26,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from bench_decode import bench, format_table
-from bench_tree import compare, format_rows, parse_configs
+from bench_tree import BUDGET_COLS, budget_rows, compare, format_rows, parse_configs
 
 from spectr_jax import pairs
 from spectr_jax.config import DecodeSettings
@@ -73,6 +75,8 @@ def main():
     default="kseq:8:8",
     help="method:K:L[:b1-b2-...],... timed as tails and as trees",
   )
+  parser.add_argument("--budget_configs", default="", help="method:K:L[:shape],... by budget")
+  parser.add_argument("--budgets", default="16,32,64")
   args = parser.parse_args()
   start = time.perf_counter()
   if args.small:
@@ -116,6 +120,14 @@ def main():
     )
     print("\nTails against token trees (scripts/bench_tree.py):\n")
     print(format_rows(tree_rows))
+  if args.budget_configs:
+    budgets = [int(b) for b in args.budgets.split(",")]
+    rows = budget_rows(
+      draft, target, (prompts, lengths), parse_configs(args.budget_configs),
+      args.max_new_tokens, budgets,
+    )  # fmt: skip
+    print("\nTrees at equal node budgets (scripts/bench_tree.py --budgets):\n")
+    print(format_rows(rows, BUDGET_COLS))
   print(f"\ntotal {time.perf_counter() - start:.0f} s (compile and run)")
 
 
