@@ -11,6 +11,7 @@ optimal bound.
 """
 
 import csv
+import itertools
 import json
 import pathlib
 from collections.abc import Iterable, Sequence
@@ -327,32 +328,38 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> None:
 def plot_block_efficiency(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> None:
   """Block efficiency vs K for each L: K-SEQ at rho* (solid, from "sd" at K = 1) and the
   other multi-draft methods (dashed/dotted; "gbv" from "block" at K = 1), with the
-  bootstrap intervals."""
+  bootstrap intervals; tree rows (squares) and drafted tree shapes (triangles) are lines
+  of their own."""
   fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
   lens = sorted({r["L"] for r in rows if r["L"] > 0})
   colors = dict(zip(lens, plt.cm.viridis(np.linspace(0, 0.85, len(lens))), strict=True))
   lines = [m for m in methods.METHODS.values() if m.style]
-  for draft_len in lens:
-    for method in lines:
-      single = [r for r in rows if r["method"] == method.single and r["L"] == draft_len]
-      line = [
-        r
-        for r in rows
-        if r["method"] == method.name and r["L"] == draft_len and r["rho"] in (None, "star")
-      ]
-      if not line:
-        continue
-      line = sorted(single + line, key=lambda r: r["K"])
-      ks = [r["K"] for r in line]
-      mean = np.array([r["block_efficiency"] for r in line])
-      err = np.array([[m - r["lower"], r["upper"] - m] for m, r in zip(mean, line, strict=True)])
-      label = f"{method.label} L={draft_len}"
-      color = colors[draft_len]
-      ax.errorbar(ks, mean, yerr=err.T, fmt=method.style, marker="o", ms=4, capsize=3,
-                  label=label, color=color)  # fmt: skip
-      for r in line:  # Not exact (never so at rho* or without a split factor): hollow.
-        if r["exact"] is not True:
-          ax.plot(r["K"], r["block_efficiency"], "o", ms=7, color=color, mfc="white")
+  # Tails, trees and drafted tree shapes of one method are lines of their own.
+  shapes = sorted({(r.get("branching", ""), bool(r.get("tree"))) for r in rows})
+  markers = {False: "o", True: "s"}
+  for draft_len, method, (branching, tree) in itertools.product(lens, lines, shapes):
+    rows_at = [r for r in rows if r["L"] == draft_len and bool(r.get("tree")) == tree]
+    single = [r for r in rows_at if r["method"] == method.single and not r.get("branching")]
+    line = [
+      r
+      for r in rows_at
+      if r["method"] == method.name
+      and r.get("branching", "") == branching
+      and r["rho"] in (None, "star")
+    ]
+    if not line:
+      continue
+    line = sorted(single + line, key=lambda r: r["K"])
+    ks = [r["K"] for r in line]
+    mean = np.array([r["block_efficiency"] for r in line])
+    err = np.array([[m - r["lower"], r["upper"] - m] for m, r in zip(mean, line, strict=True)])
+    label = f"{method.label}{variant({'branching': branching, 'tree': tree})} L={draft_len}"
+    color = colors[draft_len]
+    ax.errorbar(ks, mean, yerr=err.T, fmt=method.style, marker="^" if branching else markers[tree],
+                ms=4, capsize=3, label=label, color=color)  # fmt: skip
+    for r in line:  # Not exact (never so at rho* or without a split factor): hollow.
+      if r["exact"] is not True:
+        ax.plot(r["K"], r["block_efficiency"], "o", ms=7, color=color, mfc="white")
   ax.axhline(1.0, color="gray", lw=0.8, label="autoregressive")
   ax.set_xscale("log", base=2)
   ax.set_xticks(

@@ -499,7 +499,8 @@ def test_an_unknown_config_override_is_named():
     cwd=_REPO, capture_output=True, text=True,
   )  # fmt: skip
   assert out.returncode != 0
-  assert "--config.decoding has no field 'foo' (branching, max_new_tokens, num_prompts" in out.stderr
+  fields = "(branching, max_new_tokens, num_prompts"
+  assert f"--config.decoding has no field 'foo' {fields}" in out.stderr
 
 
 def test_a_cell_with_non_finite_logits_is_not_saved(pair, tmp_path):

@@ -68,9 +68,10 @@ def test_paired_gains_match_cells():
   assert row["samples"] == "2 x 2"
 
 
-def test_tree_shapes_are_labelled_and_compared_with_their_baselines():
-  """Rows of rrs cells with a drafted tree shape and with tree scoring are named apart;
-  paired gains compare them with the baselines' cells of the same settings."""
+def test_tree_shapes_are_labelled_and_compared_with_their_baselines(tmp_path, monkeypatch):
+  """Rows of rrs cells with a drafted tree shape and with tree scoring are named apart and
+  plotted as lines of their own; paired gains compare them with the baselines' cells of
+  the same settings."""
   records = []
   for seed in (0, 1):
     records.append(_record("kseq", 4, 4, seed, [16, 16], [8, 8], 2.0, rho="star"))
@@ -85,6 +86,17 @@ def test_tree_shapes_are_labelled_and_compared_with_their_baselines():
   assert "rrs (tree)" not in gains  # its baseline would be kseq's tree cells: none here
   assert report.variant({"branching": "proportional", "tree": True}) == " (proportional, tree)"
   assert report.variant({"tree": False}) == ""
+  from matplotlib.axes import Axes
+
+  drawn, real = [], Axes.errorbar
+
+  def errorbar(ax, *args, **kw):
+    drawn.append(kw["label"])
+    return real(ax, *args, **kw)
+
+  monkeypatch.setattr(Axes, "errorbar", errorbar)
+  report.plot_block_efficiency(list(labels.values()), tmp_path / "be.png")
+  assert {f"{rrs} (proportional) L=4", f"{rrs} (tree) L=4"} <= set(drawn)  # a line each
 
 
 def _record(method, k, draft_len, seed, emitted, rounds, seconds, rho=None, pair="p", **shape):
