@@ -13,6 +13,7 @@ axes, e.g. p_BxKxLxV):
   D   model width; Dh head width      F   MLP width
   H   attention heads; Hk key/value heads; G query heads per key/value head
   N   layers                          M   candidate breakpoints (optimal verifier)
+  J   the children drawn at one node of a draft tree (`drafting`)
   E   examples: rows of a data set (held-out rows) or prompts of one seed
   Z   seeds of a sweep                I   bootstrap resamples
   A   any length or leading shape (generic helpers)   C   columns stacked side by side

@@ -186,27 +186,27 @@ def _children(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2, *, max_children:
   tail_K = jnp.arange(k)
   static = isinstance(size, int)
   first_N = jnp.arange(0, k, size) if static else tail_K // size * size
-  draw_NxM = jnp.minimum(first_N[:, None] + jnp.arange(max_children) * child_size, k - 1)
-  x_BxNxM, valid_BxNxM = jax.vmap(jax.vmap(distinct_tokens))(
-    key_BxK[:, draw_NxM], p_BxKxV[:, first_N]
+  draw_NxJ = jnp.minimum(first_N[:, None] + jnp.arange(max_children) * child_size, k - 1)
+  x_BxNxJ, valid_BxNxJ = jax.vmap(jax.vmap(distinct_tokens))(
+    key_BxK[:, draw_NxJ], p_BxKxV[:, first_N]
   )
   node_K = tail_K // size if static else tail_K
   child_K = tail_K % size // child_size
-  x_BxK, valid_BxK = x_BxNxM[:, node_K, child_K], valid_BxNxM[:, node_K, child_K]
+  x_BxK, valid_BxK = x_BxNxJ[:, node_K, child_K], valid_BxNxJ[:, node_K, child_K]
   copied_BxK = jnp.take_along_axis(source_BxK, (tail_K - child_K * child_size)[None], 1)
   return x_BxK, jnp.where(valid_BxK, source_BxK, copied_BxK), block_BxKx2
 
 
-def shares(size, drawn_p_M, valid_M):
+def shares(size, drawn_p_J, valid_J):
   """The paths each child of a node of `size` paths gets, children in the order drawn:
   about `size` times its draft probability, at least 1, until the node's paths are
   spent (later draws get 0: not children); paths left when the support runs out go to
   child 0. Each count depends only on the draws before it, so whether a child exists
   never depends on its own token (`_proportional`)."""
-  want_M = jnp.where(valid_M, jnp.maximum(1, jnp.round(size * drawn_p_M)), 0).astype(jnp.int32)
-  before_M = jnp.cumsum(want_M) - want_M
-  got_M = jnp.clip(size - before_M, 0, want_M)
-  return got_M.at[0].add(size - jnp.sum(got_M))
+  want_J = jnp.where(valid_J, jnp.maximum(1, jnp.round(size * drawn_p_J)), 0).astype(jnp.int32)
+  before_J = jnp.cumsum(want_J) - want_J
+  got_J = jnp.clip(size - before_J, 0, want_J)
+  return got_J.at[0].add(size - jnp.sum(got_J))
 
 
 def _proportional(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2):
@@ -223,18 +223,18 @@ def _proportional(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2):
   k = key_BxK.shape[1]
   start_BxK, size_BxK = block_BxKx2[..., 0], block_BxKx2[..., 1]
   p_node_BxKxV = jnp.take_along_axis(p_BxKxV, start_BxK[..., None], 1)
-  draw_BxKxM = jnp.minimum(start_BxK[..., None] + jnp.arange(k), k - 1)
-  keys_BxKxM = jax.vmap(lambda keys, idx: keys[idx])(key_BxK, draw_BxKxM)
-  x_BxKxM, valid_BxKxM = jax.vmap(jax.vmap(distinct_tokens))(keys_BxKxM, p_node_BxKxV)
-  drawn_p_BxKxM = jnp.take_along_axis(p_node_BxKxV, x_BxKxM, -1)
-  got_BxKxM = jax.vmap(jax.vmap(shares))(size_BxK, drawn_p_BxKxM, valid_BxKxM)
-  end_BxKxM = jnp.cumsum(got_BxKxM, -1)
+  draw_BxKxJ = jnp.minimum(start_BxK[..., None] + jnp.arange(k), k - 1)
+  keys_BxKxJ = jax.vmap(lambda keys, idx: keys[idx])(key_BxK, draw_BxKxJ)
+  x_BxKxJ, valid_BxKxJ = jax.vmap(jax.vmap(distinct_tokens))(keys_BxKxJ, p_node_BxKxV)
+  drawn_p_BxKxJ = jnp.take_along_axis(p_node_BxKxV, x_BxKxJ, -1)
+  got_BxKxJ = jax.vmap(jax.vmap(shares))(size_BxK, drawn_p_BxKxJ, valid_BxKxJ)
+  end_BxKxJ = jnp.cumsum(got_BxKxJ, -1)
   offset_BxK = jnp.arange(k) - start_BxK
-  child_BxK = jnp.sum(end_BxKxM <= offset_BxK[..., None], -1)
-  pick = lambda a_BxKxM: jnp.take_along_axis(a_BxKxM, child_BxK[..., None], -1)[..., 0]  # noqa: E731
-  got_BxK = pick(got_BxKxM)
-  block_BxKx2 = jnp.stack([start_BxK + pick(end_BxKxM) - got_BxK, got_BxK], -1)
-  return pick(x_BxKxM), source_BxK, block_BxKx2
+  child_BxK = jnp.sum(end_BxKxJ <= offset_BxK[..., None], -1)
+  pick = lambda a_BxKxJ: jnp.take_along_axis(a_BxKxJ, child_BxK[..., None], -1)[..., 0]  # noqa: E731
+  got_BxK = pick(got_BxKxJ)
+  block_BxKx2 = jnp.stack([start_BxK + pick(end_BxKxJ) - got_BxK, got_BxK], -1)
+  return pick(x_BxKxJ), source_BxK, block_BxKx2
 
 
 def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pending_Bx2,

@@ -565,10 +565,10 @@ def test_rrs_verifies_a_proportional_tree(broken, monkeypatch):
   q_tab[0, 0] = [0.4, 0.3, 0.3]
   if broken:
 
-    def dropping(size, drawn_p_M, valid_M):
-      want_M = jnp.where(valid_M, jnp.round(size * drawn_p_M), 0).astype(jnp.int32)
-      got_M = jnp.clip(size - (jnp.cumsum(want_M) - want_M), 0, want_M)
-      return got_M.at[0].add(size - jnp.sum(got_M))
+    def dropping(size, drawn_p_J, valid_J):
+      want_J = jnp.where(valid_J, jnp.round(size * drawn_p_J), 0).astype(jnp.int32)
+      got_J = jnp.clip(size - (jnp.cumsum(want_J) - want_J), 0, want_J)
+      return got_J.at[0].add(size - jnp.sum(got_J))
 
     monkeypatch.setattr(drafting, "shares", dropping)
   codes, nums = _sample_blocks(p_tab, q_tab, 4, 2, branching="proportional")
