@@ -581,6 +581,41 @@ def test_rrs_verifies_a_proportional_tree(broken, monkeypatch):
     assert nums.min() >= 1 and nums.max() <= 3
 
 
+@pytest.mark.parametrize(
+  "scheme, sparse",
+  [((2, 2), False), ((2, 2), True), ((1, 3), True), (3, False), (4, True), (4, False)],
+)
+def test_tree_schemes_give_the_target_law_by_enumeration(scheme, sparse):
+  """Issue 27, item 4: over every tree a scheme can draw (static branchings, and the
+  proportional tree of K paths), RRS walking it node by node gives one round's L + 1
+  tokens exactly the target's law (to 1e-12; random context-dependent trees, V = 3,
+  L = 2). The proportional tree with the dropping rule does not (the law moves by more
+  than 1e-3) wherever the rule drops a child, nor does SpecInfer's verification rule on
+  the static trees."""
+  p_tab, q_tab = _tree(13, 3, 2, sparse=sparse)
+  if isinstance(scheme, tuple):
+    laws = {"static": ref.static_tree_law(p_tab, scheme)}
+  else:
+    laws = {
+      "proportional": ref.proportional_tree_law(p_tab, scheme),
+      "dropping": ref.proportional_tree_law(p_tab, scheme, drop=True),
+    }
+  target = _sequence_law(q_tab, 2)
+  for name, trees in laws.items():
+    assert sum(trees.values()) == pytest.approx(1.0, abs=1e-12)
+    out = sum(prob * ref.tree_walk_law(paths, p_tab, q_tab) for paths, prob in trees.items())
+    if name == "dropping" and trees == laws["proportional"]:
+      assert sparse  # no share rounds to 0 on the sparse tree: the rule changes nothing
+    elif name == "dropping":
+      assert np.abs(out - target).max() > 1e-3, "the dropping rule kept the target's law"
+    else:
+      np.testing.assert_allclose(out, target, rtol=0, atol=1e-12, err_msg=f"{name} {scheme}")
+  if scheme == (2, 2) and not sparse:  # SpecInfer's rule (p never renormalised): not exact
+    paths, probs = zip(*laws["static"].items(), strict=True)
+    walks = [ref.tree_walk_law(t, p_tab, q_tab, reference.specinfer_law) for t in paths]
+    assert np.abs(np.tensordot(probs, walks, 1) - target).max() > 1e-3
+
+
 def test_multiset_law_reduces_to_iid_paths_at_one_draft():
   from spectr_jax import block_bound
 

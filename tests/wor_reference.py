@@ -199,12 +199,14 @@ def static_tree_law(p_tab, branching) -> dict[tuple[int, ...], float]:
   return law
 
 
-def proportional_tree_law(p_tab, num_drafts) -> dict[tuple[int, ...], float]:
+def proportional_tree_law(p_tab, num_drafts, drop=False) -> dict[tuple[int, ...], float]:
   """The law of the K draft paths, in path order, of the "wor" scheme with branching
   "proportional" (`drafting._proportional`): a node of m paths draws children without
   replacement from p_tab[t, its prefix code]; child j gets max(1, round(m p(x_j))) of
   the paths left (draws stop when none are left), paths left when the support runs out
-  go to child 0, and child j's paths are the j-th block of its node's paths.
+  go to child 0, and child j's paths are the j-th block of its node's paths. With
+  `drop` (the broken rule of tests/test_wor.py), a draw gets round(m p(x_j)) paths and
+  one that gets 0 is not a child.
 
   Returns:
     {tuple of K path codes (base-V, first token most significant): probability}.
@@ -222,7 +224,7 @@ def proportional_tree_law(p_tab, num_drafts) -> dict[tuple[int, ...], float]:
         out.append((tuple(xs), tuple(gots), prob))
         return
       for x in np.flatnonzero(left > 0):
-        got = min(paths_left, max(1, int(np.round(size * p[x]))))
+        got = min(paths_left, max(0 if drop else 1, int(np.round(size * p[x]))))
         rest = left.copy()
         rest[x] = 0.0
         draw(rest, paths_left - got, xs + [int(x)], gots + [got], prob * left[x] / left.sum())
@@ -235,7 +237,8 @@ def proportional_tree_law(p_tab, num_drafts) -> dict[tuple[int, ...], float]:
       return [((code,) * size, 1.0)]
     out = []
     for xs, gots, weight in allocations(p_tab[t, code], size):
-      children = [subtree(t + 1, code * vocab + x, g) for x, g in zip(xs, gots, strict=True)]
+      pairs = [(x, g) for x, g in zip(xs, gots, strict=True) if g]
+      children = [subtree(t + 1, code * vocab + x, g) for x, g in pairs]
       for combo in itertools.product(*children):
         paths = tuple(c for sub, _ in combo for c in sub)
         out.append((paths, weight * np.prod([w for _, w in combo])))
@@ -245,3 +248,37 @@ def proportional_tree_law(p_tab, num_drafts) -> dict[tuple[int, ...], float]:
   for paths, prob in subtree(0, 0, num_drafts):
     law[paths] = law.get(paths, 0.0) + prob
   return law
+
+
+def tree_walk_law(paths, p_tab, q_tab, rule=rrs_law):
+  """The exact law of one round's L + 1 tokens (base-V codes, as `block_bound`) when RRS
+  walks the draft tree of `paths` (K path codes) node by node: at each node recursive
+  rejection without replacement over its children in the order of their first path
+  (`rule`, (x, p, q) -> law of the node's token; `rrs_law`); an accepted child continues
+  the walk, a residual token ends it and the target draws the rest; after a leaf, the
+  bonus from q."""
+  vocab, depth = p_tab.shape[-1], p_tab.shape[0] - 1
+  tokens = [tuple(int(c) // vocab ** (depth - 1 - t) % vocab for t in range(depth)) for c in paths]
+  out = np.zeros(vocab ** (depth + 1))
+
+  def complete(t, code, weight):
+    if t == depth + 1:
+      out[code] += weight
+      return
+    for y in np.flatnonzero(q_tab[t, code] > 0):
+      complete(t + 1, code * vocab + y, weight * q_tab[t, code, y])
+
+  def walk(t, code, group, weight):
+    if t == depth:
+      complete(t, code, weight)
+      return
+    children = list(dict.fromkeys(path[t] for path in group))
+    law = rule(children, p_tab[t, code], q_tab[t, code])
+    for y in np.flatnonzero(law > 0):
+      if y in children:
+        walk(t + 1, code * vocab + y, [g for g in group if g[t] == y], weight * law[y])
+      else:
+        complete(t + 1, code * vocab + y, weight * law[y])
+
+  walk(0, 0, tokens, 1.0)
+  return out
