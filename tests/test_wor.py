@@ -516,7 +516,12 @@ def test_rrs_verifies_a_static_tree_node_by_node(broken, monkeypatch):
 
 
 @pytest.mark.parametrize(
-  "sparse, k", [(True, 4), pytest.param(False, 4, marks=pytest.mark.slow), (False, 3)]
+  "sparse, k",
+  [
+    (True, 4),
+    pytest.param(False, 4, marks=pytest.mark.slow),
+    pytest.param(False, 3, marks=pytest.mark.slow),
+  ],
 )
 def test_proportional_tree_draws_its_law(sparse, k):
   """Branching "proportional": the K paths in order follow
@@ -554,7 +559,10 @@ def test_proportional_tree_shares_follow_the_draws_before():
   )
 
 
-@pytest.mark.parametrize("broken", [False, pytest.param(True, marks=pytest.mark.slow)])
+# The fast tier checks these trees' exactness by enumeration (below) and the JAX walk on
+# static trees; CI also runs the JAX walk on proportional trees.
+@pytest.mark.slow
+@pytest.mark.parametrize("broken", [False, True])
 def test_rrs_verifies_a_proportional_tree(broken, monkeypatch):
   """RRS on "proportional" trees (K = 4, L = 2): the sequence law is the target's.
   Broken: a child whose share rounds to 0 paths is dropped, so whether a drawn token
