@@ -452,6 +452,16 @@ def test_block_rejects_specinfer_rule_on_drafts_without_replacement():
 # Static trees: branching per depth, children without replacement at every node.
 
 
+def _assert_paths_law(tokens_BxKxL, law, vocab, what):
+  """The rows' K paths, in order, are draws from `law` ({tuple of K path codes: prob})."""
+  assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
+  index = {paths: i for i, paths in enumerate(law)}
+  cells = [index.get(tuple(row), len(law)) for row in _codes(tokens_BxKxL, vocab)]
+  counts = np.bincount(cells, minlength=len(law) + 1)
+  assert counts[-1] == 0  # no row outside the law's support
+  stats.assert_law(counts[:-1], list(law.values()), what)
+
+
 @pytest.mark.parametrize(
   "branching, sparse",
   [((2, 2), False), pytest.param((2, 2), True, marks=pytest.mark.slow), ((1, 3), True)],
@@ -468,12 +478,7 @@ def test_static_tree_draws_its_law(branching, sparse):
   out = _draft(p_tab, k, draft_len, N, seed=2, branching=branching)
   tokens_BxKxL = np.asarray(out.tokens_BxKxL)
   law = ref.static_tree_law(p_tab, branching)
-  assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
-  index = {paths: i for i, paths in enumerate(law)}
-  cells = [index.get(tuple(row), len(law)) for row in _codes(tokens_BxKxL, vocab)]
-  counts = np.bincount(cells, minlength=len(law) + 1)
-  assert counts[-1] == 0
-  stats.assert_law(counts[:-1], list(law.values()), f"static tree {branching} sparse={sparse}")
+  _assert_paths_law(tokens_BxKxL, law, vocab, f"static tree {branching} sparse={sparse}")
   prefix_BxK = tokens_BxKxL[:, :, 0]
   np.testing.assert_allclose(np.asarray(out.p_BxKxLxV)[:, :, 1], p_tab[1][prefix_BxK], atol=1e-6)
 
@@ -533,12 +538,7 @@ def test_proportional_tree_draws_its_law(sparse, k):
   out = _draft(p_tab, k, draft_len, N, seed=4, branching="proportional")
   tokens_BxKxL = np.asarray(out.tokens_BxKxL)
   law = ref.proportional_tree_law(p_tab, k)
-  assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
-  index = {paths: i for i, paths in enumerate(law)}
-  cells = [index.get(tuple(row), len(law)) for row in _codes(tokens_BxKxL, vocab)]
-  counts = np.bincount(cells, minlength=len(law) + 1)
-  assert counts[-1] == 0
-  stats.assert_law(counts[:-1], list(law.values()), f"proportional tree K={k} sparse={sparse}")
+  _assert_paths_law(tokens_BxKxL, law, vocab, f"proportional tree K={k} sparse={sparse}")
   shapes = {
     tuple(len({tuple(path[: t + 1]) for path in row}) for t in range(draft_len))
     for row in tokens_BxKxL[:2000]
