@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from configs import lm1b_spectr, rho_ablation
-from spectr_jax import checks, experiment, memory, methods, pairs, report, results
-from spectr_jax.config import DecodeSettings, RhoAblationConfig, SweepConfig
+from spectr_jax import checks, drafting, experiment, memory, methods, pairs, report, results
+from spectr_jax.config import SWEEP_BRANCHINGS, DecodeSettings, RhoAblationConfig, SweepConfig
 from spectr_jax.data import TokenizedSplit
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 from tests.test_results import valid_record
@@ -239,6 +239,8 @@ def test_a_branching_applies_to_the_cells_of_schemes_that_draw_trees(tmp_path):
   assert config.decoding.sampling_args()["branching"] is None
   with pytest.raises(ValueError, match="branching"):
     dataclasses.replace(config.decoding, branching="4-2-1-1")
+  # The config names the shape itself (it imports no JAX code): the same as drafting's.
+  assert SWEEP_BRANCHINGS == ("", drafting.PROPORTIONAL)
 
 
 @pytest.mark.slow
