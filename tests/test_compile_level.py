@@ -1,6 +1,7 @@
 """The suite's compile levels (tests/conftest.py): unmarked tests compile without most
 of XLA's optimisations, those marked `numerics` or `execution_bound` with its default
-build, and a module runs its optimised tests last."""
+build, and a module runs its optimised tests last; every test uses the classic fusion
+emitters unless SPECTR_TEST_OPTIMIZED=1."""
 
 import os
 
@@ -32,3 +33,13 @@ def test_unmarked_tests_compile_quickly():
 @pytest.mark.execution_bound
 def test_execution_bound_tests_compile_optimised():
   assert not _quick_compiles()
+
+
+def test_the_suite_compiles_with_the_classic_fusion_emitters():
+  """XLA_FLAGS (inherited by the subprocesses) picks XLA's classic CPU fusion emitters
+  unless SPECTR_TEST_OPTIMIZED=1 asks for XLA's default build (tests/conftest.py)."""
+  flags = os.environ["XLA_FLAGS"]
+  if not _quick:
+    assert "xla_cpu_use_fusion_emitters" not in flags
+  elif "xla_cpu_use_fusion_emitters=false" not in flags:
+    pytest.skip("this jaxlib has no classic fusion emitters: the suite compiles about 1.6x slower")
