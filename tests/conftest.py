@@ -100,6 +100,14 @@ def pytest_runtest_setup(item):
     jax.config.update("jax_disable_most_optimizations", unoptimised)
 
 
+@pytest.fixture(scope="session")
+def xla_default_build():
+  """Compiler options that give one compile XLA's default CPU build (its fusion emitters)
+  back, for the tests that inspect the program users get (its copies and memory)."""
+  classic = CLASSIC_EMITTERS in os.environ["XLA_FLAGS"]
+  return {"xla_cpu_use_fusion_emitters": True} if classic else {}
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
   """Drops JAX's compiled programs after each test module: a whole run compiles

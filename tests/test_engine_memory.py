@@ -15,8 +15,9 @@ V = 1024
 SIZES = [("sd", 2, 1, 4, 24, 8), ("kseq", 4, 4, 3, 40, 8), ("gbv", 3, 2, 5, 60, 16)]
 
 
-def _compile(method, b, k, draft_len, n, width):
-  """The compiled engine program and the (draft, target) configs with max_len = S."""
+def _compile(options, method, b, k, draft_len, n, width):
+  """The compiled engine program (with XLA's default CPU build: `options`, the fixture
+  `xla_default_build`) and the (draft, target) configs with max_len = S."""
   s = width + n + draft_len + 1
   configs = [get_model_config(name, V, max_len=s) for name in ("draft-test", "target-test")]
   draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
@@ -28,12 +29,12 @@ def _compile(method, b, k, draft_len, n, width):
   )
   args = (jax.random.key(0), jnp.arange(b), jnp.ones((b, width), jnp.int32), jnp.full((b,), width))
   lowered = engine.compiled_program(spec, None).lower(*args, draft.params, target.params, traced)
-  return lowered.compile(), configs
+  return lowered.compile(options), configs
 
 
 @pytest.fixture(scope="module", params=SIZES, ids=[s[0] for s in SIZES])
-def program(request):
-  return request.param, *_compile(*request.param)
+def program(request, xla_default_build):
+  return request.param, *_compile(xla_default_build, *request.param)
 
 
 def _plan_bytes(k):
