@@ -192,6 +192,34 @@ def test_identical_models_accept_every_full_round(models):
   assert float(s.block_efficiency) == pytest.approx(4.0)
 
 
+def _tree_cases():
+  """Every speculative method of the registry at K = 3 (or its largest K) and L = 2, and
+  K-SEQ at a fixed rho and at rho = K."""
+  cases = [
+    (name, min(3, methods.get(name).max_drafts or 3), {})
+    for name in methods.names(speculative=True)
+  ]
+  return cases + [("kseq", 3, {"rho": 1.5}), ("kseq", 3, {"rho": "k"})]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, num_drafts, kw", _tree_cases(), ids=lambda c: str(c))
+def test_tree_rounds_give_every_method_the_tokens_of_its_tails(models, method, num_drafts, kw):
+  """Issue 27, item 2: with the same keys, every verifier emits the same tokens from a
+  scored tree as from K tails (its q is the tails' within float32 rounding, so a row may
+  differ only where a uniform lands within that rounding of a threshold), so each
+  method's law on trees is its law on tails (tests/test_engine_law.py)."""
+  draft, target = models
+  out = [
+    generate(draft, target, method, num_drafts, 2, 6, key=5, batch=512, tree=t, **kw)
+    for t in (False, True)
+  ]
+  tails, trees = (np.asarray(o.tokens_BxT) for o in out)
+  same = np.mean(np.all(tails == trees, axis=1))
+  assert same >= 0.99, same
+  assert float(out[0].stats.block_efficiency) > 1.2  # drafts were accepted
+
+
 @pytest.mark.parametrize("use_tree", [False, pytest.param(True, marks=_slow)])
 def test_eos_stops_rows(models, use_tree):
   """Rows stop at EOS, also where it is accepted inside a token tree (issue 27), whose
