@@ -193,13 +193,14 @@ def test_identical_models_accept_every_full_round(models):
 
 
 def _tree_cases():
-  """Every speculative method of the registry at K = 3 (or its largest K) and L = 2, and
-  K-SEQ at a fixed rho and at rho = K."""
+  """Every speculative method of the registry at K = 3 (or its largest K) and L = 2,
+  K-SEQ at a fixed rho and at rho = K, and RRS on the drafted trees (K = 4)."""
   cases = [
     (name, min(3, methods.get(name).max_drafts or 3), {})
     for name in methods.names(speculative=True)
   ]
-  return cases + [("kseq", 3, {"rho": 1.5}), ("kseq", 3, {"rho": "k"})]
+  rho = [("kseq", 3, {"rho": 1.5}), ("kseq", 3, {"rho": "k"})]
+  return cases + rho + [("rrs", 4, {"branching": b}) for b in ((2, 2), "proportional")]
 
 
 @pytest.mark.slow
@@ -218,6 +219,26 @@ def test_tree_rounds_give_every_method_the_tokens_of_its_tails(models, method, n
   same = np.mean(np.all(tails == trees, axis=1))
   assert same >= 0.99, same
   assert float(out[0].stats.block_efficiency) > 1.2  # drafts were accepted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, kw", [("kseq", {}), ("rrs", {"branching": "proportional"})])
+def test_tree_rounds_on_ragged_prompts_with_top_p_and_eos_give_the_tails_tokens(models, method, kw):
+  """Issue 27, item 4: ragged prompts (lengths 1-5), top-p on both models and an EOS that
+  stops some rows: the tree rounds emit the tails' tokens for the same keys."""
+  draft, target = models
+  rng = np.random.default_rng(3)
+  b = 256
+  prompts = jnp.asarray(rng.integers(0, V, (b, 5)), jnp.int32)
+  lengths = jnp.asarray(rng.integers(1, 6, b), jnp.int32)
+  kw = dict(kw, draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
+  kw.update(method=method, num_drafts=4, draft_len=3, max_new_tokens=10)
+  kw.update(temperature=0.8, top_p=0.85, eos_id=2)
+  out = [engine.generate(jax.random.key(4), tree=t, **kw) for t in (False, True)]
+  (tails, n_tails), (trees, n_trees) = ((np.asarray(o.tokens_BxT), o.lengths_B) for o in out)
+  assert np.mean(np.all(tails == trees, axis=1)) >= 0.99
+  np.testing.assert_array_equal(n_tails, n_trees)
+  assert 0 < np.mean(np.asarray(n_trees) < 10) < 1  # some rows stopped at EOS, some ran on
 
 
 @pytest.mark.parametrize("use_tree", [False, pytest.param(True, marks=_slow)])
