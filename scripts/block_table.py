@@ -40,7 +40,7 @@ def _optimal_plan(p_bytes: bytes, q_bytes: bytes, k: int):
   p, q = np.frombuffer(p_bytes), np.frombuffer(q_bytes)
   plan = optimal.optimal_plan(np.float32(p), np.float32(q), k)
   return (
-    np.asarray(plan.levels_N1, np.float64),
+    np.asarray(plan.levels_Vs1, np.float64),
     np.asarray(plan.slot_V),
     np.asarray(plan.r_V, np.float64),
   )

@@ -6,14 +6,16 @@ axes, e.g. p_BxKxLxV):
   K   drafts                          L   draft length; L1 = L + 1, L2 = L + 2
   V   vocabulary; V1 = V + 1, V2 = V + 2   X   positions flattened into one axis
   Vb, Vt  the sampler's blocks of the vocabulary and the tokens of one block
+  Vs  the optimal verifier's slot groups of the vocabulary; Vs1 = Vs + 1 breakpoints
   T   time: tokens along a sequence (the new tokens of a call); T1 = T + 1
   P   prompt width (right-padded)     W   width of a token buffer (prompt + new tokens,
                                           or the output buffer of a decode)
   S   cache length (prefix slots)     R   cache tail slots (per draft)
   D   model width; Dh head width      F   MLP width
   H   attention heads; Hk key/value heads; G query heads per key/value head
-  N   layers                          M   candidate breakpoints (optimal verifier)
+  N   nodes of a token tree (`tree`)  M   candidate breakpoints (optimal verifier)
   J   the children drawn at one node of a draft tree (`drafting`)
+  Y   layers                          Q   quadrature nodes (`acceptance`'s race integral)
   E   examples: rows of a data set (held-out rows) or prompts of one seed
   Z   seeds of a sweep                I   bootstrap resamples
   A   any length or leading shape (generic helpers)   C   columns stacked side by side

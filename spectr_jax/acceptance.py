@@ -504,23 +504,23 @@ def _wor_bound(p_V, q_V, k: int):
   after_V = jnp.concatenate([jnp.cumsum(p_s[::-1])[::-1][1:], jnp.zeros((1,), p_s.dtype)])
   # log t at the nodes: t itself passes float32's range, so rates times t are formed as
   # exp(log rate + log t) (0 for a rate of 0, inf where they are large: never NaN).
-  s_N = _RACE_LOG_T0 + _RACE_STEP * jnp.arange(_RACE_NODES, dtype=p_s.dtype)
+  s_Q = _RACE_LOG_T0 + _RACE_STEP * jnp.arange(_RACE_NODES, dtype=p_s.dtype)
   counted_K = jnp.arange(k) < jnp.minimum(k, jnp.sum(p_V > 0))
 
-  def grow(c_NxK, inputs):
+  def grow(c_QxK, inputs):
     p_x, r = inputs
-    f_N = -jnp.expm1(-jnp.exp(jnp.log(p_x) + s_N))
-    shifted_NxK = jnp.pad(c_NxK[:, :-1], ((0, 0), (1, 0)))
-    c_NxK = c_NxK * (1.0 - f_N)[:, None] + shifted_NxK * f_N[:, None]
-    ring_N = 1.0 - jnp.sum(jnp.where(counted_K, c_NxK, 0.0), axis=1)
-    log_rt_N = jnp.log(r) + s_N
-    weight_N = jnp.exp(log_rt_N - jnp.exp(log_rt_N))  # r t e^(-r t)
-    tail = ring_N[-1] * jnp.exp(-jnp.exp(log_rt_N[-1]))
-    inside = _RACE_STEP * jnp.sum(weight_N * ring_N) + tail
-    return c_NxK, jnp.where(r > 0, inside, 1.0)
+    f_Q = -jnp.expm1(-jnp.exp(jnp.log(p_x) + s_Q))
+    shifted_QxK = jnp.pad(c_QxK[:, :-1], ((0, 0), (1, 0)))
+    c_QxK = c_QxK * (1.0 - f_Q)[:, None] + shifted_QxK * f_Q[:, None]
+    ring_Q = 1.0 - jnp.sum(jnp.where(counted_K, c_QxK, 0.0), axis=1)
+    log_rt_Q = jnp.log(r) + s_Q
+    weight_Q = jnp.exp(log_rt_Q - jnp.exp(log_rt_Q))  # r t e^(-r t)
+    tail = ring_Q[-1] * jnp.exp(-jnp.exp(log_rt_Q[-1]))
+    inside = _RACE_STEP * jnp.sum(weight_Q * ring_Q) + tail
+    return c_QxK, jnp.where(r > 0, inside, 1.0)
 
-  c_NxK = jnp.zeros(s_N.shape + (k,), p_s.dtype).at[:, 0].set(1.0)
-  _, inside_V = jax.lax.scan(grow, c_NxK, (p_s, after_V))
+  c_QxK = jnp.zeros(s_Q.shape + (k,), p_s.dtype).at[:, 0].set(1.0)
+  _, inside_V = jax.lax.scan(grow, c_QxK, (p_s, after_V))
   return _cut_minimum(q_s, inside_V)
 
 

@@ -96,7 +96,7 @@ class _Tree:
         np.float32(self.p_tab[t, code]), np.float32(self.q_tab[t, code]), k
       )
       self._plans[(t, code, k)] = (
-        np.asarray(plan.levels_N1, np.float64),
+        np.asarray(plan.levels_Vs1, np.float64),
         np.asarray(plan.slot_V),
         np.asarray(plan.r_V, np.float64),
       )

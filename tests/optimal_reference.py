@@ -38,14 +38,14 @@ def complete_h3(x, y, z, degree: int):
 class ReferencePlan(NamedTuple):
   """The optimal verifier's construction for one position, in float64.
 
-  order_N: tokens with p > 0 sorted by q/p descending (stable); slot t (1-based) is
-    order_N[t - 1]. P, u, Q, h: arrays over breakpoints 0..n (P_j = p(slots 1..j),
+  order_Vs: tokens with p > 0 sorted by q/p descending (stable); slot t (1-based) is
+    order_Vs[t - 1]. P, u, Q, h: arrays over breakpoints 0..n (P_j = p(slots 1..j),
     u_j = 1 - P_j, Q_j = q(slots 1..j), h_j = 1 - u_j^k). vertex: breakpoints that are
     block ends. levels: the level of every breakpoint (1 at block ends). r_V: law of the
     selected draft. accept: sum min(r, q). bound: alpha*.
   """
 
-  order_N: np.ndarray
+  order_Vs: np.ndarray
   P: np.ndarray
   u: np.ndarray
   Q: np.ndarray
@@ -66,15 +66,15 @@ def slot_arrays(p, q, k, order=None):
   p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
   if order is None:
     support = np.flatnonzero(p > 0)
-    order_N = support[np.argsort(-(q[support] / p[support]), kind="stable")]
+    order_Vs = support[np.argsort(-(q[support] / p[support]), kind="stable")]
   else:
-    order_N = np.asarray(order)[p[np.asarray(order)] > 0]
-  ps, qs = p[order_N], q[order_N]
+    order_Vs = np.asarray(order)[p[np.asarray(order)] > 0]
+  ps, qs = p[order_Vs], q[order_Vs]
   P = np.concatenate([[0.0], np.cumsum(ps)])
   u = np.concatenate([np.cumsum(ps[::-1])[::-1], [0.0]])
   Q = np.concatenate([[0.0], np.cumsum(qs)])
   h = 1.0 - u**k
-  return order_N, P, u, Q, h
+  return order_Vs, P, u, Q, h
 
 
 def lower_hull(Q, h, m: int):
@@ -194,13 +194,13 @@ def reference_plan(p, q, k: int, num_cuts: int | None = None, order=None) -> Ref
     order: optional slot order (see `slot_arrays`).
   """
   p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
-  order_N, P, u, Q, h = slot_arrays(p, q, k, order)
-  n = len(order_N)
-  m = int(np.sum(q[order_N] > 0))
+  order_Vs, P, u, Q, h = slot_arrays(p, q, k, order)
+  n = len(order_Vs)
+  m = int(np.sum(q[order_Vs] > 0))
   vertex = lower_hull(Q, h, m)
   cut = ~vertex
   if num_cuts is not None:
-    weight = np.concatenate([[-np.inf], p[order_N] + q[order_N]])
+    weight = np.concatenate([[-np.inf], p[order_Vs] + q[order_Vs]])
     weight[vertex] = -np.inf
     cut = np.zeros(n + 1, bool)
     cut[np.argsort(-weight, kind="stable")[:num_cuts]] = True
@@ -208,10 +208,10 @@ def reference_plan(p, q, k: int, num_cuts: int | None = None, order=None) -> Ref
   levels = kinetic_levels(P, Q, u, h, vertex, k, cut)
   rate = rates_from_levels(levels, u, k)
   r_V = np.zeros_like(p)
-  r_V[order_N] = p[order_N] * rate
+  r_V[order_Vs] = p[order_Vs] * rate
   accept = float(np.minimum(r_V, q).sum())
   bound = float(np.min(Q[n] - Q + h))
-  return ReferencePlan(order_N, P, u, Q, h, vertex, levels, r_V, accept, min(bound, 1.0))
+  return ReferencePlan(order_Vs, P, u, Q, h, vertex, levels, r_V, accept, min(bound, 1.0))
 
 
 def selection_given_drafts(slots, levels, u_draw):

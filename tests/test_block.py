@@ -99,7 +99,7 @@ def test_selection_law(k):
   p, q = rng.dirichlet(np.ones(5)), rng.dirichlet(np.ones(5))
   plan = optimal.optimal_plan(jnp.float32(p), jnp.float32(q), k)
   r = np.asarray(plan.r_V, np.float64)
-  levels, slot = np.asarray(plan.levels_N1, np.float64), np.asarray(plan.slot_V)
+  levels, slot = np.asarray(plan.levels_Vs1, np.float64), np.asarray(plan.slot_V)
   exact = np.zeros(5)
   for x in itertools.product(range(5), repeat=k):
     for z, prob in block_bound.selection_probs(x, levels, slot).items():

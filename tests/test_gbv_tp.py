@@ -161,15 +161,15 @@ def test_float32_selection_and_skewed_law_are_the_law_of_the_maximum(
   codes = drafts @ (vocab ** np.arange(draft_len))[::-1]  # N x K prefix codes at depth L
   p_j, q_j = jnp.float32(p_tab), jnp.float32(q_tab)
   prefix = [codes // vocab ** (draft_len - t) for t in range(draft_len + 1)]
-  p_NxKxLxV = jnp.stack([p_j[t, prefix[t]] for t in range(draft_len)], axis=2)
-  q_NxKxL1xV = jnp.stack([q_j[t, prefix[t]] for t in range(draft_len + 1)], axis=2)
+  p_BxKxLxV = jnp.stack([p_j[t, prefix[t]] for t in range(draft_len)], axis=2)
+  q_BxKxL1xV = jnp.stack([q_j[t, prefix[t]] for t in range(draft_len + 1)], axis=2)
 
   @jax.jit
   @jax.vmap
   def plans(d, p, q):
     return block._verify(jax.random.key(0), d, p, q, True)[1]
 
-  plan = plans(jnp.asarray(drafts), p_NxKxLxV, q_NxKxL1xV)
+  plan = plans(jnp.asarray(drafts), p_BxKxLxV, q_BxKxL1xV)
   selected = np.asarray(plan.path_L)
   tree = block_bound._MaxTree(p_tab, q_tab, num_drafts, draft_len)
   for n, idx in enumerate(tuples):

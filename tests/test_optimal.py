@@ -98,10 +98,10 @@ def _enumerate(p, q, k, slot_V, levels_V1, r_V):
   return law_z, law_y, hit
 
 
-def _slots(order_N, vocab, num_breakpoints):
+def _slots(order_Vs, vocab, num_breakpoints):
   """The slot (1-based) of each token given the tokens in slot order (others last)."""
   slot_V = np.full(vocab, num_breakpoints, int)
-  slot_V[order_N] = np.arange(1, len(order_N) + 1)
+  slot_V[order_Vs] = np.arange(1, len(order_Vs) + 1)
   return slot_V
 
 
@@ -113,7 +113,7 @@ def _bound64(p, q, k):
 @pytest.mark.parametrize("name, p, q, k", CASES, ids=[c[0] for c in CASES])
 def test_reference_enumeration(name, p, q, k):
   plan = ref.reference_plan(p, q, k)
-  slot_V = _slots(plan.order_N, len(p), len(plan.levels))
+  slot_V = _slots(plan.order_Vs, len(p), len(plan.levels))
   law_z, law_y, hit = _enumerate(p, q, k, slot_V, plan.levels, plan.r_V)
   bound = _bound64(p, q, k)
   np.testing.assert_allclose(law_z, plan.r_V, atol=TOL64, err_msg=f"{name}: law of Z")
@@ -136,7 +136,7 @@ def test_jax_float64_enumeration():
     for name, p, q, k in CASES:
       plan = _jax_plan(p, q, k)
       assert plan.r_V.dtype == np.float64
-      law_z, law_y, hit = _enumerate(p, q, k, plan.slot_V, plan.levels_N1, plan.r_V)
+      law_z, law_y, hit = _enumerate(p, q, k, plan.slot_V, plan.levels_Vs1, plan.r_V)
       bound = _bound64(p, q, k)
       np.testing.assert_allclose(law_z, plan.r_V, atol=TOL64, err_msg=f"{name}: law of Z")
       np.testing.assert_allclose(law_y, q, atol=TOL64, err_msg=f"{name}: output law")
@@ -160,11 +160,11 @@ def test_any_levels_give_the_exact_law():
   for trial in range(40):
     v, k = int(rng.integers(2, 6)), int(rng.integers(1, 5))
     p, q = _pair(rng, v, 1.0)
-    order_N, _, u, _, _ = ref.slot_arrays(p, q, k)
+    order_Vs, _, u, _, _ = ref.slot_arrays(p, q, k)
     levels = rng.uniform(size=v + 1) * (rng.uniform(size=v + 1) < 0.7)
     r_V = np.zeros(v)
-    r_V[order_N] = p[order_N] * ref.rates_from_levels(levels, u, k)
-    law_z, law_y, hit = _enumerate(p, q, k, _slots(order_N, len(p), len(levels)), levels, r_V)
+    r_V[order_Vs] = p[order_Vs] * ref.rates_from_levels(levels, u, k)
+    law_z, law_y, hit = _enumerate(p, q, k, _slots(order_Vs, len(p), len(levels)), levels, r_V)
     np.testing.assert_allclose(law_z, r_V, atol=1e-12, err_msg=f"trial {trial}")
     np.testing.assert_allclose(law_y, q, atol=1e-12, err_msg=f"trial {trial}")
     assert hit <= _bound64(p, q, k) + 1e-12
@@ -180,7 +180,7 @@ def test_restricted_cuts_stay_exact_and_shortfall_is_the_gap():
       p, q = _pair(rng, 5, 1.0)
       k = 4
       plan = _jax_plan(p, q, k, num_cuts=1)
-      law_z, law_y, _ = _enumerate(p, q, k, plan.slot_V, plan.levels_N1, plan.r_V)
+      law_z, law_y, _ = _enumerate(p, q, k, plan.slot_V, plan.levels_Vs1, plan.r_V)
       np.testing.assert_allclose(law_z, plan.r_V, atol=TOL64)
       np.testing.assert_allclose(law_y, q, atol=TOL64)
       gap = plan.bound - plan.accept
@@ -188,7 +188,7 @@ def test_restricted_cuts_stay_exact_and_shortfall_is_the_gap():
       worst_gap = max(worst_gap, gap)
       # Broken: select with the restricted levels but accept against the optimal r*.
       full = _jax_plan(p, q, k)
-      _, broken_y, _ = _enumerate(p, q, k, plan.slot_V, plan.levels_N1, full.r_V)
+      _, broken_y, _ = _enumerate(p, q, k, plan.slot_V, plan.levels_Vs1, full.r_V)
       if np.abs(full.r_V - plan.r_V).max() > 1e-3:
         assert np.abs(broken_y - q).max() > 1e-4
         broken_checked += 1
@@ -210,14 +210,14 @@ def test_merged_slots_stay_exact(monkeypatch):
     for conc in (0.5, 1.0, 3.0):
       p, q = _pair(rng, 8, conc)
       plan = jax.tree.map(np.asarray, plan_fn(p, q, 1))
-      assert plan.block_end_N.shape == (5,) and len(np.unique(plan.slot_V)) < 8
-      law_z, law_y, _ = _enumerate(p, q, 3, plan.slot_V, plan.levels_N1, plan.r_V)
+      assert plan.block_end_Vs.shape == (5,) and len(np.unique(plan.slot_V)) < 8
+      law_z, law_y, _ = _enumerate(p, q, 3, plan.slot_V, plan.levels_Vs1, plan.r_V)
       np.testing.assert_allclose(law_z, plan.r_V, atol=TOL64)
       np.testing.assert_allclose(law_y, q, atol=TOL64)
       assert plan.bound > _bound64(p, q, 3) - TOL64
       assert abs(plan.bound - plan.accept - plan.shortfall) < TOL64
       unmerged = jax.tree.map(np.asarray, plan_fn(p, q, 8))
-      _, broken_y, _ = _enumerate(p, q, 3, plan.slot_V, plan.levels_N1, unmerged.r_V)
+      _, broken_y, _ = _enumerate(p, q, 3, plan.slot_V, plan.levels_Vs1, unmerged.r_V)
       if np.abs(unmerged.r_V - plan.r_V).max() > 1e-3:
         assert np.abs(broken_y - q).max() > 1e-4
         broken_checked += 1
@@ -448,12 +448,12 @@ def _check_plan_against_reference(plan, p_V, q_V, k, what):
   within 0.2% of alpha*."""
   p, q = np.asarray(p_V, np.float64), np.asarray(q_V, np.float64)
   slot = np.asarray(plan.slot_V) - 1
-  num = plan.block_end_N.shape[0]
+  num = plan.block_end_Vs.shape[0]
   num_cuts = int(np.sum(np.asarray(plan.cut_M) <= num))
-  p_N, q_N = np.bincount(slot, p, num), np.bincount(slot, q, num)
-  expected = ref.reference_plan(p_N, q_N, k, num_cuts, order=np.arange(num))
-  rate_N = np.where(p_N > 0, expected.r_V / np.where(p_N > 0, p_N, 1.0), 0.0)
-  expected_accept = float(np.minimum(p * rate_N[slot], q).sum())
+  p_Vs, q_Vs = np.bincount(slot, p, num), np.bincount(slot, q, num)
+  expected = ref.reference_plan(p_Vs, q_Vs, k, num_cuts, order=np.arange(num))
+  rate_Vs = np.where(p_Vs > 0, expected.r_V / np.where(p_Vs > 0, p_Vs, 1.0), 0.0)
+  expected_accept = float(np.minimum(p * rate_Vs[slot], q).sum())
   alpha = float(acceptance.optimal_acceptance(p_V, q_V, k))
   accept, bound, shortfall = float(plan.accept), float(plan.bound), float(plan.shortfall)
   assert abs(accept - expected_accept) < LLM_TOL, f"{what}: accept {accept} vs {expected_accept}"

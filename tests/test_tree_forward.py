@@ -8,7 +8,7 @@ ragged prompts, forests, padding nodes and node orders that are not topological.
 variants (no diagonal, positions by node index, ...) miss it by far more than the
 tolerance.
 
-Letters beyond the package legend: N tree nodes (not layers), W committed path width.
+W here is the width of the committed path's slot buffer.
 """
 
 import functools

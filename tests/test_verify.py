@@ -58,10 +58,10 @@ def _sample(verifier, p_V, q_V, k, *, seed=0, n=N):
   def run(key):
     draft_key, verify_key = jax.random.split(key)
     draft_keys = jax.random.split(draft_key, n * k)
-    drafts_NxK = jax.vmap(sampling.categorical, (0, None))(draft_keys, p_V).reshape(n, k)
+    drafts_BxK = jax.vmap(sampling.categorical, (0, None))(draft_keys, p_V).reshape(n, k)
     keys = jax.random.split(verify_key, n)
-    tokens, accepted = jax.vmap(verifier, (0, 0, None, None))(keys, drafts_NxK, p_V, q_V)
-    hit = jnp.any(drafts_NxK == tokens[:, None], axis=1)
+    tokens, accepted = jax.vmap(verifier, (0, 0, None, None))(keys, drafts_BxK, p_V, q_V)
+    hit = jnp.any(drafts_BxK == tokens[:, None], axis=1)
     return tokens, accepted, hit
 
   return tuple(np.asarray(x) for x in run(jax.random.key(seed)))

@@ -17,11 +17,11 @@ class KVCache:
   """Keys and values of every layer: a per-row prefix and K per-row tails.
 
   Attributes:
-    prefix_k: N x B x S x Hk x Dh keys of the committed sequence of each row.
-    prefix_v: N x B x S x Hk x Dh values of the committed sequence.
+    prefix_k: Y x B x S x Hk x Dh keys of the committed sequence of each row.
+    prefix_v: Y x B x S x Hk x Dh values of the committed sequence.
     prefix_len: B int32, the number of valid prefix entries of each row.
-    tail_k: N x B x K x R x Hk x Dh keys of the uncommitted tails (the drafts).
-    tail_v: N x B x K x R x Hk x Dh values of the tails.
+    tail_k: Y x B x K x R x Hk x Dh keys of the uncommitted tails (the drafts).
+    tail_v: Y x B x K x R x Hk x Dh values of the tails.
     tail_len: B x K int32, the number of valid entries of each tail.
   """
 
@@ -117,7 +117,7 @@ def _append(cache: KVCache, take, index_BxA: jax.Array, num_B: jax.Array) -> KVC
     pos_W = start + jnp.arange(new_WxHkxDh.shape[0])
     return prefix_SxHkxDh.at[pos_W].set(new_WxHkxDh, mode="drop")
 
-  # vmap over rows inside vmap over layers: the scatter keeps the N x B x S layout.
+  # vmap over rows inside vmap over layers: the scatter keeps the Y x B x S layout.
   append = jax.vmap(jax.vmap(append_row), in_axes=(0, 0, None, None))
   prefix_len = jnp.minimum(cache.prefix_len + num_B.astype(jnp.int32), cache.S)
   return cache.replace(

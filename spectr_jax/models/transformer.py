@@ -108,11 +108,11 @@ class Transformer(nn.Module):
     if t > cache.S:
       raise ValueError(f"prompt length {t} exceeds the cache capacity S={cache.S}")
     logits_BxTxV, kvs = self._causal(tokens_BxT)
-    k_NxBxTxHkxDh = jnp.stack([k for k, _ in kvs]).astype(cache.prefix_k.dtype)
-    v_NxBxTxHkxDh = jnp.stack([v for _, v in kvs]).astype(cache.prefix_v.dtype)
+    k_YxBxTxHkxDh = jnp.stack([k for k, _ in kvs]).astype(cache.prefix_k.dtype)
+    v_YxBxTxHkxDh = jnp.stack([v for _, v in kvs]).astype(cache.prefix_v.dtype)
     cache = cache.replace(
-      prefix_k=cache.prefix_k.at[:, :, :t].set(k_NxBxTxHkxDh),
-      prefix_v=cache.prefix_v.at[:, :, :t].set(v_NxBxTxHkxDh),
+      prefix_k=cache.prefix_k.at[:, :, :t].set(k_YxBxTxHkxDh),
+      prefix_v=cache.prefix_v.at[:, :, :t].set(v_YxBxTxHkxDh),
       prefix_len=lengths_B.astype(jnp.int32),
       tail_len=jnp.zeros_like(cache.tail_len),
     )

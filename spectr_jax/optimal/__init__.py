@@ -4,12 +4,12 @@ With k i.i.d. drafts X_1..X_k ~ p, `optimal` outputs Y ~ q exactly and hits a dr
 probability up to alpha*(p, q, k), the optimal-transport bound
 (`acceptance.optimal_acceptance`), of which K-SEQ is only guaranteed 1 - (1 - 1/k)^k.
 
-Notation. The tokens are merged into N slot groups ("slots"): each token its own slot
+Notation. The tokens are merged into Vs slot groups ("slots"): each token its own slot
 when V <= H + 258, otherwise the H tokens of largest p + q one slot each and the others
 by log2(q / p) in 1/16-octave buckets (q = 0 and p = 0 in one each); H = REFINE_FACTOR x
 num_cuts, the cuts a refined plan may use.
 Slots with p > 0 sorted by q/p descending are slots 1..n (slots with p = 0 follow and are
-never drafted); breakpoint j sits after slot j (j = 0..N). P_j = p(slots 1..j),
+never drafted); breakpoint j sits after slot j (j = 0..Vs). P_j = p(slots 1..j),
 u_j = 1 - P_j, Q_j = q(slots 1..j), h_j = 1 - u_j^k (the chance that a draft falls in
 slots 1..j). Each breakpoint has a level in [0, 1]. The rule:
 
@@ -41,7 +41,7 @@ has accurate local differences (`Sums`: two exact int32 sums, of 2^-29 units and
 the remainders in finer units), and the hull and level tests compare slopes of local
 differences, so ties, zero masses and float noise cost acceptance at float precision only.
 
-CPU note: the hull is a sequential pass over the N slots written so that XLA updates its
+CPU note: the hull is a sequential pass over the Vs slots written so that XLA updates its
 stack in place; under `vmap` it runs position by position (`lax.map`, a custom batching
 rule), the rest is batched.
 

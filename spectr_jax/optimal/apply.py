@@ -29,12 +29,12 @@ def select(u_level, u_pick, drafts_K, valid_K, plan: OptimalPlan):
   Returns:
     The int index into drafts_K of Z.
   """
-  num = plan.block_end_N.shape[0]
+  num = plan.block_end_Vs.shape[0]
   slot_K = jnp.where(valid_K, plan.slot_V[drafts_K], num)
   first = jnp.min(slot_K)
   threshold = 1.0 - jnp.asarray(u_level, plan.cut_level_M.dtype)
   active_M = (plan.cut_M >= first) & (plan.cut_level_M >= threshold)
-  end = jnp.minimum(plan.block_end_N[first - 1], jnp.min(jnp.where(active_M, plan.cut_M, num)))
+  end = jnp.minimum(plan.block_end_Vs[first - 1], jnp.min(jnp.where(active_M, plan.cut_M, num)))
   in_group_K = valid_K & (slot_K <= end)
   count = jnp.sum(in_group_K)
   pick = jnp.floor(u_pick * count).astype(jnp.int32)

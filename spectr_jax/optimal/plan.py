@@ -17,14 +17,14 @@ DEFAULT_NUM_CUTS = 64
 
 
 class OptimalPlan(NamedTuple):
-  """The verifier's construction at one position (V vocabulary, N slots, M cuts).
+  """The verifier's construction at one position (V vocabulary, Vs slots, M cuts).
 
-  order_N: slot groups in slot order (int32; groups with p = 0 last).
-  slot_V: the slot (1..N) of each token.
-  block_end_N: for slot t (at index t - 1), the block end b >= t of its block.
-  cut_M, cut_level_M: the candidate breakpoints (N + 1 where unused) and their kinetic
+  order_Vs: slot groups in slot order (int32; groups with p = 0 last).
+  slot_V: the slot (1..Vs) of each token.
+  block_end_Vs: for slot t (at index t - 1), the block end b >= t of its block.
+  cut_M, cut_level_M: the candidate breakpoints (Vs + 1 where unused) and their kinetic
     levels (M entries: the refined plan's number where a plan can be refined).
-  levels_N1: level of breakpoints 0..N (1 at block ends), the same levels in full.
+  levels_Vs1: level of breakpoints 0..Vs (1 at block ends), the same levels in full.
   r_V: law of the selected draft Z (sums to 1 for k >= 1, zero for k = 0).
   accept: sum min(r, q), the probability of the accept branch. The hit probability lies
     between accept and bound, and equals both when shortfall = 0.
@@ -35,12 +35,12 @@ class OptimalPlan(NamedTuple):
     slope > 1. bound - accept = shortfall (up to rounding); at 0, accept = alpha*(p, q, k).
   """
 
-  order_N: jax.Array
+  order_Vs: jax.Array
   slot_V: jax.Array
-  block_end_N: jax.Array
+  block_end_Vs: jax.Array
   cut_M: jax.Array
   cut_level_M: jax.Array
-  levels_N1: jax.Array
+  levels_Vs1: jax.Array
   r_V: jax.Array
   accept: jax.Array
   bound: jax.Array
@@ -50,38 +50,38 @@ class OptimalPlan(NamedTuple):
 def _cut_plan(slots: Slots, p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   """The plan on `slots` with kinetic levels for the `num_cuts` heaviest interior
   breakpoints: the levels, the selection rates, r and the shortfall check."""
-  num = slots.a_N.shape[0]
+  num = slots.a_Vs.shape[0]
   dtype = p_V.dtype
-  a_N, b_N = slots.a_N, slots.b_N
+  a_Vs, b_Vs = slots.a_Vs, slots.b_Vs
   cuts = min(max(num_cuts, 1), num + 1)
-  top_w, top_j = lax.top_k(slots.weight_N1, cuts)
+  top_w, top_j = lax.top_k(slots.weight_Vs1, cuts)
   order_M = jnp.argsort(top_j)
   nodes_M = top_j[order_M].astype(jnp.int32)
   is_node_M = (top_w[order_M] > -jnp.inf) & (num_cuts > 0)
-  a_M = jnp.where(is_node_M, a_N[jnp.maximum(nodes_M - 1, 0)], 0)
-  b_M = jnp.where(is_node_M, b_N[jnp.maximum(nodes_M - 1, 0)], 0)
+  a_M = jnp.where(is_node_M, a_Vs[jnp.maximum(nodes_M - 1, 0)], 0)
+  b_M = jnp.where(is_node_M, b_Vs[jnp.maximum(nodes_M - 1, 0)], 0)
   level_M = kinetic_levels(nodes_M, is_node_M, a_M, b_M, slots.sums, slots.totals_3)
   cut_M = jnp.where(is_node_M, nodes_M, num + 1)
-  levels_N1 = slots.vertex_N1.astype(dtype).at[cut_M].set(level_M, mode="drop")
+  levels_Vs1 = slots.vertex_Vs1.astype(dtype).at[cut_M].set(level_M, mode="drop")
 
   # Selection rates: each block's group (a, b] while no candidate inside is active, plus
   # the groups between candidates.
   def h2(i, j):
-    return complete_homogeneous(slots.u_N1[i], slots.u_N1[j], k, max_k)
+    return complete_homogeneous(slots.u_Vs1[i], slots.u_Vs1[j], k, max_k)
 
   diff = rate_diff(nodes_M, is_node_M, a_M, b_M, level_M, h2, num + 1)
-  rate_N = h2(a_N, b_N) + cumsum(diff[:num, None])[:, 0]
+  rate_Vs = h2(a_Vs, b_Vs) + cumsum(diff[:num, None])[:, 0]
   # Meant to materialise them once; the CPU compiler drops the barrier and fuses the rates'
   # arithmetic into the per-token pass below (about a sixth of a refined plan's time in a
   # profile; left as is).
-  slot_V, rate_N, slope_N = lax.optimization_barrier((slots.slot_V, rate_N, slots.slope_N))
-  r_V = p_V / slots.totals_3[0] * rate_N[slot_V - 1]
+  slot_V, rate_Vs, slope_Vs = lax.optimization_barrier((slots.slot_V, rate_Vs, slots.slope_Vs))
+  r_V = p_V / slots.totals_3[0] * rate_Vs[slot_V - 1]
   accept = jnp.sum(jnp.minimum(r_V, q_V))
   qn_V = q_V / slots.totals_3[1]
-  excess_V = jnp.where(slope_N[slot_V - 1] <= 1.0, r_V - qn_V, qn_V - r_V)
+  excess_V = jnp.where(slope_Vs[slot_V - 1] <= 1.0, r_V - qn_V, qn_V - r_V)
   shortfall = jnp.sum(jnp.where(p_V > 0, jnp.maximum(excess_V, 0.0), 0.0))
   return OptimalPlan(
-    slots.order_N, slot_V, b_N, cut_M, level_M, levels_N1, r_V, accept, slots.bound, shortfall
+    slots.order_Vs, slot_V, b_Vs, cut_M, level_M, levels_Vs1, r_V, accept, slots.bound, shortfall
   )
 
 
@@ -100,7 +100,7 @@ def _pad_cuts(plan: OptimalPlan, num_cuts: int) -> OptimalPlan:
   """`plan` with its cuts padded to `num_cuts` (the refined plan's number): the extra
   cuts are unused breakpoints of level 0, so the rule is unchanged."""
   pad = num_cuts - plan.cut_M.shape[0]
-  unused = plan.block_end_N.shape[0] + 1
+  unused = plan.block_end_Vs.shape[0] + 1
   return plan._replace(
     cut_M=jnp.concatenate([plan.cut_M, jnp.full((pad,), unused, plan.cut_M.dtype)]),
     cut_level_M=jnp.concatenate([plan.cut_level_M, jnp.zeros((pad,), plan.cut_level_M.dtype)]),
@@ -120,7 +120,7 @@ def build_plan(p_V, q_V, k, num_cuts: int, max_k: int) -> OptimalPlan:
   plan = _cut_plan(slots, p_V, q_V, k, num_cuts, max_k)
   if more <= num_cuts:
     return plan
-  plan = _pad_cuts(plan, min(more, slots.a_N.shape[0] + 1))
+  plan = _pad_cuts(plan, min(more, slots.a_Vs.shape[0] + 1))
   need = plan.shortfall > REFINE_SHORTFALL * jnp.maximum(plan.bound, 0.0)
 
   def refine(carry):

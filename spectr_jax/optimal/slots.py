@@ -25,13 +25,13 @@ _OCTAVES = 8  # ratios beyond 2^(+-_OCTAVES) share the outermost buckets
 
 
 def _num_slots(vocab: int, num_heavy: int) -> int:
-  """N: V when every token can be its own slot, else num_heavy heavy tokens plus the
+  """Vs: V when every token can be its own slot, else num_heavy heavy tokens plus the
   ratio buckets and one bucket each for q = 0 and for p = 0."""
   return min(vocab, max(num_heavy, 0) + 2 * _OCTAVES * _BUCKETS_PER_OCTAVE + 2)
 
 
 def _slot_groups(p_V, q_V, num_heavy: int):
-  """The slot-group id (0..N-1) of every token: the token itself when N = V; otherwise
+  """The slot-group id (0..Vs-1) of every token: the token itself when Vs = V; otherwise
   the num_heavy tokens of largest p + q get a group each and the rest are bucketed by
   log2(q / p) at 1/16 octave (q = 0 and p = 0 in buckets of their own). Only the order of the groups
   and the breakpoints between them matter to the verifier, so tokens of one group are
@@ -56,25 +56,25 @@ def _slot_groups(p_V, q_V, num_heavy: int):
   return group_V
 
 
-def _slot_order(p_N, q_N):
+def _slot_order(p_Vs, q_Vs):
   """Slot groups by q/p descending, then q = 0, then p = 0; ties by index.
 
-  The ratio is reduced to a code of the top 31 - ceil(log2 N) bits of its float32
+  The ratio is reduced to a code of the top 31 - ceil(log2 Vs) bits of its float32
   pattern, packed with the index into one int32 key for XLA's single-operand sort (a
   key-value sort is 4x slower on CPU). Ratios that share a code keep index order:
   acceptance moves by 1e-8 at most (docs/OPTIMAL_VERIFIER.md), exactness never.
   """
-  num = p_N.shape[0]
+  num = p_Vs.shape[0]
   index_bits = max(1, (num - 1).bit_length())
   code_bits = 31 - index_bits
   top = (1 << code_bits) - 3
-  ratio_N = (q_N / jnp.where(p_N > 0, p_N, 1.0)).astype(jnp.float32)
-  bits_N = lax.bitcast_convert_type(ratio_N, jnp.int32) >> (31 - code_bits)
-  code_N = jnp.where(
-    p_N > 0, jnp.where(q_N > 0, top - jnp.minimum(bits_N, top), top + 1), top + 2
+  ratio_Vs = (q_Vs / jnp.where(p_Vs > 0, p_Vs, 1.0)).astype(jnp.float32)
+  bits_Vs = lax.bitcast_convert_type(ratio_Vs, jnp.int32) >> (31 - code_bits)
+  code_Vs = jnp.where(
+    p_Vs > 0, jnp.where(q_Vs > 0, top - jnp.minimum(bits_Vs, top), top + 1), top + 2
   ).astype(jnp.int32)
-  key_N = lax.sort((code_N << index_bits) | jnp.arange(num, dtype=jnp.int32), is_stable=False)
-  return key_N & ((1 << index_bits) - 1)
+  key_Vs = lax.sort((code_Vs << index_bits) | jnp.arange(num, dtype=jnp.int32), is_stable=False)
+  return key_Vs & ((1 << index_bits) - 1)
 
 
 def _map_batched(fn, axis_size, in_batched, *args):
@@ -94,7 +94,7 @@ def _at(x, i):
 
 
 def cumsum(x_AxC, block: int = 128):
-  """Inclusive cumulative sums down axis 0 of an N x C array, by blocked triangular
+  """Inclusive cumulative sums down axis 0 of an Vs x C array, by blocked triangular
   matmuls with the block totals summed the same way (several times faster than
   `jnp.cumsum` on CPU). Not monotone: where independently rounded block offsets meet the
   sums can step down by a unit in the last place (`Sums` is monotone)."""
@@ -152,11 +152,11 @@ class Sums(NamedTuple):
     return self.value(self.grid_V1xC[j] - self.grid_V1xC[i], self.rest_V1xC[j] - self.rest_V1xC[i])
 
   def prefix(self):
-    """Mass of slots 1..j for every breakpoint j (N1 x C)."""
+    """Mass of slots 1..j for every breakpoint j (Vs1 x C)."""
     return self.value(self.grid_V1xC, self.rest_V1xC)
 
   def suffix(self):
-    """Mass of the slots after j for every breakpoint j (N1 x C)."""
+    """Mass of the slots after j for every breakpoint j (Vs1 x C)."""
     return self.value(self.grid_V1xC[-1] - self.grid_V1xC, self.rest_V1xC[-1] - self.rest_V1xC)
 
   @staticmethod
@@ -224,18 +224,18 @@ def rise_of(sums: Sums, totals_3):
 
 class Slots(NamedTuple):
   """The part of a plan that does not depend on its number of cuts: the slots, their
-  prefix sums, blocks and the bound (N slots; N1 = N + 1 breakpoints)."""
+  prefix sums, blocks and the bound (Vs slots; Vs1 = Vs + 1 breakpoints)."""
 
-  order_N: jax.Array
+  order_Vs: jax.Array
   slot_V: jax.Array
-  u_N1: jax.Array
+  u_Vs1: jax.Array
   sums: Sums  # of the columns (p, q, h increments) in slot order
   totals_3: jax.Array  # their totals
-  vertex_N1: jax.Array
-  a_N: jax.Array
-  b_N: jax.Array
-  weight_N1: jax.Array
-  slope_N: jax.Array
+  vertex_Vs1: jax.Array
+  a_Vs: jax.Array
+  b_Vs: jax.Array
+  weight_Vs1: jax.Array
+  slope_Vs: jax.Array
   bound: jax.Array
 
 
@@ -247,51 +247,53 @@ def make_slots(p_V, q_V, k, num_heavy: int, max_k: int) -> Slots:
   dtype = p_V.dtype
   group_V = _slot_groups(p_V, q_V, num_heavy)
   if num == vocab:
-    p_N, q_N = p_V, q_V
+    p_Vs, q_Vs = p_V, q_V
   else:
-    p_N = jnp.zeros((num,), dtype).at[group_V].add(p_V)
-    q_N = jnp.zeros((num,), dtype).at[group_V].add(q_V)
-  order_N = _slot_order(p_N, q_N)
-  ps_N, qs_N = p_N[order_N], q_N[order_N]
+    p_Vs = jnp.zeros((num,), dtype).at[group_V].add(p_V)
+    q_Vs = jnp.zeros((num,), dtype).at[group_V].add(q_V)
+  order_Vs = _slot_order(p_Vs, q_Vs)
+  ps_Vs, qs_Vs = p_Vs[order_Vs], q_Vs[order_Vs]
   # Prefix sums with accurate local differences (`Sums`), monotone by construction: of p,
   # giving u = 1 - P (the mass after j, for precision near P = 1), then of q and
   # of the increments of h = 1 - u^k, h_t - h_{t-1} = p_t H_{k-1}(u_{t-1}, u_t) (sums of
   # positive terms: no cancellation at small P). Each is divided by its computed total,
-  # so that u_0 = Q_N = h_N = 1 hold exactly in floats (a float32 total of 1 + 2e-6
+  # so that u_0 = Q_Vs = h_Vs = 1 hold exactly in floats (a float32 total of 1 + 2e-6
   # would enter r as u_0^k).
-  j_N1 = jnp.arange(num + 1, dtype=jnp.int32)
-  sums_p = Sums.of(ps_N[:, None])
+  j_Vs1 = jnp.arange(num + 1, dtype=jnp.int32)
+  sums_p = Sums.of(ps_Vs[:, None])
   total_p = sums_p.suffix()[0, 0]
-  u_N1 = sums_p.suffix()[:, 0] / total_p
-  ps_N = ps_N / total_p
-  dh_N = ps_N * complete_homogeneous(u_N1[:-1], u_N1[1:], k, max_k)
-  sums_qh = Sums.of(jnp.stack([qs_N, dh_N], axis=1))
+  u_Vs1 = sums_p.suffix()[:, 0] / total_p
+  ps_Vs = ps_Vs / total_p
+  dh_Vs = ps_Vs * complete_homogeneous(u_Vs1[:-1], u_Vs1[1:], k, max_k)
+  sums_qh = Sums.of(jnp.stack([qs_Vs, dh_Vs], axis=1))
   totals_qh = sums_qh.suffix()[0]
   totals_qh = jnp.where(totals_qh > 0, totals_qh, 1.0)  # h = 0 for k = 0
-  Q_N1, h_N1 = jnp.moveaxis(sums_qh.prefix() / totals_qh, -1, 0)
-  qs_N = qs_N / totals_qh[0]
-  m = jnp.sum((p_N > 0) & (q_N > 0)).astype(jnp.int32)
+  Q_Vs1, h_Vs1 = jnp.moveaxis(sums_qh.prefix() / totals_qh, -1, 0)
+  qs_Vs = qs_Vs / totals_qh[0]
+  m = jnp.sum((p_Vs > 0) & (q_Vs > 0)).astype(jnp.int32)
 
   # Blocks: the lower hull's vertices, then every breakpoint from m on.
-  stack_N1, size = _hull_stack(sums_qh.grid_V1xC, sums_qh.rest_V1xC, m)
-  on_hull = jnp.zeros((num + 2,), bool).at[jnp.where(j_N1 < size, stack_N1, num + 1)].set(True)
-  vertex_N1 = on_hull[: num + 1] | (j_N1 >= m)
-  count_N1 = jnp.cumsum(vertex_N1.astype(jnp.int32))
-  # Slot t = 1..N lies in block (a_t, b_t]: a_t the last vertex before t, b_t the first from t.
-  block_N = count_N1[:-1] - 1
-  vertices_N2 = (
-    jnp.full((num + 2,), num, jnp.int32).at[jnp.where(vertex_N1, count_N1 - 1, num + 1)].set(j_N1)
+  stack_Vs1, size = _hull_stack(sums_qh.grid_V1xC, sums_qh.rest_V1xC, m)
+  on_hull = jnp.zeros((num + 2,), bool).at[jnp.where(j_Vs1 < size, stack_Vs1, num + 1)].set(True)
+  vertex_Vs1 = on_hull[: num + 1] | (j_Vs1 >= m)
+  count_Vs1 = jnp.cumsum(vertex_Vs1.astype(jnp.int32))
+  # Slot t = 1..Vs lies in block (a_t, b_t]: a_t the last vertex before t, b_t the first from t.
+  block_Vs = count_Vs1[:-1] - 1
+  vertices_Vs2 = (
+    jnp.full((num + 2,), num, jnp.int32)
+    .at[jnp.where(vertex_Vs1, count_Vs1 - 1, num + 1)]
+    .set(j_Vs1)
   )
-  a_N, b_N = vertices_N2[block_N], vertices_N2[block_N + 1]
+  a_Vs, b_Vs = vertices_Vs2[block_Vs], vertices_Vs2[block_Vs + 1]
   # Interior breakpoints weighted by p + q of the slot before them (cut candidates).
-  weight_N1 = jnp.concatenate([jnp.full((1,), -jnp.inf, dtype), ps_N + qs_N])
-  weight_N1 = jnp.where(vertex_N1, -jnp.inf, weight_N1)
+  weight_Vs1 = jnp.concatenate([jnp.full((1,), -jnp.inf, dtype), ps_Vs + qs_Vs])
+  weight_Vs1 = jnp.where(vertex_Vs1, -jnp.inf, weight_Vs1)
   sums = Sums(*(jnp.concatenate(x, axis=1) for x in zip(sums_p, sums_qh, strict=True)))
   totals_3 = jnp.concatenate([total_p[None], totals_qh])
-  slope_N = block_slope(rise_of(sums, totals_3), a_N, b_N, jnp.inf)
-  slot_V = jnp.zeros((num,), jnp.int32).at[order_N].set(j_N1[1:])[group_V]
+  slope_Vs = block_slope(rise_of(sums, totals_3), a_Vs, b_Vs, jnp.inf)
+  slot_V = jnp.zeros((num,), jnp.int32).at[order_Vs].set(j_Vs1[1:])[group_V]
   q_tot = 1.0 - jnp.sum(jnp.where(p_V > 0, 0.0, q_V)) / totals_qh[0]
-  bound = jnp.minimum(jnp.min(q_tot - Q_N1 + h_N1), 1.0)
+  bound = jnp.minimum(jnp.min(q_tot - Q_Vs1 + h_Vs1), 1.0)
   return Slots(
-    order_N, slot_V, u_N1, sums, totals_3, vertex_N1, a_N, b_N, weight_N1, slope_N, bound
+    order_Vs, slot_V, u_Vs1, sums, totals_3, vertex_Vs1, a_Vs, b_Vs, weight_Vs1, slope_Vs, bound
   )
