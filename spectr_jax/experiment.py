@@ -12,12 +12,15 @@ versions, devices, git revision) to `<results_dir>/provenance.jsonl`.
 Timing: a cell's first batch is a warm-up (it compiles the decoder the first time a
 shape is seen) whose output is kept; the other batches are timed (the first one again
 when there is only one), so `decode_seconds` and `timed_tokens` measure decoding alone.
+`load_average` is the host's 1-minute load average when they start (absent where the
+system has none): times measured beside other work are slower.
 """
 
 import dataclasses
 import datetime
 import hashlib
 import json
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -207,6 +210,7 @@ def run_cell(
   outputs = [check_finite(decode(0), 0)]
   warmup_seconds = time.perf_counter() - start_time
   timed_starts = list(starts[1:]) or [0]
+  load = {"load_average": os.getloadavg()[0]} if hasattr(os, "getloadavg") else {}
   start_time = time.perf_counter()
   timed = [decode(start) for start in timed_starts]
   decode_seconds = time.perf_counter() - start_time
@@ -223,6 +227,7 @@ def run_cell(
     **_stats_record([o.stats for o in outputs], rows),
     "warmup_seconds": warmup_seconds,
     "decode_seconds": decode_seconds,
+    **load,
     "timed_tokens": timed_tokens,
     "timed_prompts": sum(timed_rows),
     "batch_size": batch_size,

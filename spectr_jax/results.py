@@ -112,6 +112,8 @@ RECORD_FIELDS: dict[str, Field] = {
   "block_efficiency": Field("number"),
   "warmup_seconds": Field("number"),
   "decode_seconds": Field("number"),
+  # The host's 1-minute load average as the timed decodes start (older records lack it).
+  "load_average": Field("number", required=False),
   "timed_tokens": Field("int"),
   "timed_prompts": Field("int"),
   "batch_size": Field("int"),

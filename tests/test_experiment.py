@@ -317,6 +317,7 @@ def test_run_cell_does_not_depend_on_batching(pair):
   assert len(one["emitted"]) == 5 and sum(one["emitted"]) == 5 * 6
   assert one["timed_prompts"] == 5 and split["timed_prompts"] == 3  # batch 0 is the warm-up
   assert split["timed_tokens"] == 3 * 6 and split["decode_seconds"] > 0
+  assert split["load_average"] >= 0  # the host's load as the timed decodes start
 
 
 def test_sweep_writes_one_line_per_cell_and_resumes(pair, tmp_path, monkeypatch):

@@ -73,6 +73,7 @@ def _cell(**changes):
     (valid_record("b", tokens_per_round=[0, 0, 0]), "'tokens_per_round' has 3 entries"),
     (valid_record("b", nonfinite=True), "field 'nonfinite' must be an integer"),
     (valid_record("b", decode_seconds="0.1"), "field 'decode_seconds' must be a number"),
+    (valid_record("b", load_average="1.5"), "field 'load_average' must be a number"),
     (valid_record("b", cell=_cell(num_prompts=None)), "its cell has no field 'num_prompts'"),
     (valid_record("b", cell=_cell(rho=[1])), "field 'rho' must be null, a string or a number"),
     (valid_record("b", cell="kseq"), "field 'cell' must be an object"),
