@@ -6,8 +6,9 @@ what it printed):
   sweep:    block efficiency of the multi-draft verifiers at K in {2, 4, 8} and
             L in {4, 8}, 3 seeds x 100 prompts: Thomas & Pal's greedy multi-path block
             verification (gbv_tp) beside gbv, optimal and K-SEQ at rho*, and recursive
-            rejection without replacement (rrs, on drafts without replacement) beside
-            the i.i.d. verifiers specinfer, K-SEQ and optimal; the report's paired gains
+            rejection without replacement (rrs, on drafts without replacement) and
+            Traversal Verification (traversal, on the same trees) beside the i.i.d.
+            verifiers specinfer, K-SEQ and optimal; the report's paired gains
             compare each with the methods its registry record names;
   analysis: per position along target samples, each token-level method's exact
             acceptance beside the bound of its own drafting scheme.
@@ -21,7 +22,7 @@ import ml_collections
 from configs import common, lm1b_spectr
 from spectr_jax.config import RhoAblationConfig
 
-METHODS = ("kseq", "specinfer", "optimal", "rrs", "gbv", "gbv_tp")
+METHODS = ("kseq", "specinfer", "optimal", "rrs", "traversal", "gbv", "gbv_tp")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -12,13 +12,16 @@ V^(L K) <= 4096:
     distinct first tokens, then the one surviving path (its first token is unique)
     walked as single-draft rejection;
   block-level (`block.block_verify`): block, gbv, gbv_tp: 1 + E[sum_i w_i]
-    (`block_bound.block_value`);
+    (`block_bound.block_value`); traversal on the "wor" scheme's trees (default
+    branching): every tree (`wor_reference.static_tree_law`), each verified by
+    `wor_reference.traversal_law`;
   the single-draft methods (sd, block) at K = 1 on the same tree, in every row;
   bound: the multi-path verification LP for each method's drafting scheme
     (`block_bound.multiset_bound` of `block_bound.MULTISETS[scheme]`).
 
 Prints a markdown table and a summary: each method's ratio to its bound, who reaches it,
-where gbv_tp gains or loses against gbv, block and optimal.
+where gbv_tp gains or loses against gbv, block and optimal, and traversal against rrs on
+the same trees.
 
 Usage: PYTHONPATH=$PWD python scripts/block_table.py [--cases 150] [--seed 0]
 """
@@ -29,7 +32,7 @@ import itertools
 
 import numpy as np
 
-from spectr_jax import block_bound, methods, optimal
+from spectr_jax import block_bound, drafting, methods, optimal
 from tests import reference, sequences, wor_reference
 
 TOL = 1e-5  # tokens per round: "at the bound", "above", "below" (float32 plans)
@@ -68,10 +71,13 @@ LAWS = {
 }
 WOR_LAWS = {"rrs": wor_reference.rrs_law}  # token-level methods on drafts w/o replacement
 BLOCK_ENUMERATED = ("block", "gbv", "gbv_tp")  # `block_bound.block_value` methods
+WOR_TREES = ("traversal",)  # block-level on the "wor" scheme's trees: `wor_tree_value`
 # The table's columns: every registered speculative method (registry order) that has an
 # exact enumeration here; the others are named in the summary.
 COLUMNS = tuple(
-  m for m in methods.names(speculative=True) if m in LAWS or m in WOR_LAWS or m in BLOCK_ENUMERATED
+  m
+  for m in methods.names(speculative=True)
+  if m in LAWS or m in WOR_LAWS or m in BLOCK_ENUMERATED or m in WOR_TREES
 )
 NOT_ENUMERATED = tuple(m for m in methods.names(speculative=True) if m not in COLUMNS)
 SCHEMES = tuple(dict.fromkeys(methods.get(m).drafting for m in COLUMNS))
@@ -134,6 +140,14 @@ def wor_token_value(p_tab, q_tab, num_drafts: int, draft_len: int, method: str) 
   return value
 
 
+def wor_tree_value(p_tab, q_tab, num_drafts: int, draft_len: int) -> float:
+  """Exact E[tokens per round] of Traversal Verification on the "wor" scheme's trees with
+  the default branching (K distinct first tokens, each path continuing alone)."""
+  branching = drafting.default_branching(num_drafts, draft_len)
+  trees = wor_reference.static_tree_law(p_tab, branching)
+  return sum(prob * wor_reference.traversal_law(t, p_tab, q_tab)[1] for t, prob in trees.items())
+
+
 def single_draft(method: str) -> bool:
   return methods.get(method).max_drafts == 1
 
@@ -148,6 +162,8 @@ def case_values(p_tab, q_tab, num_drafts: int, draft_len: int) -> dict[str, floa
       values[method] = token_value(p_tab, q_tab, k, draft_len, method)
     elif method in WOR_LAWS:
       values[method] = wor_token_value(p_tab, q_tab, k, draft_len, method)
+    elif method in WOR_TREES:
+      values[method] = wor_tree_value(p_tab, q_tab, k, draft_len)
     else:
       values[method] = block_bound.block_value(p_tab, q_tab, k, draft_len, method=method)
   for scheme in SCHEMES:
@@ -251,6 +267,15 @@ def summary(rows) -> list[str]:
     lines.append(
       "- K > 1, "
       + _count([r["bound wor"] - r["bound iid"] for r in multi], "bound (wor) vs bound (iid)")
+    )
+  if {"traversal", "rrs"} <= set(COLUMNS) and multi:
+    for other in ("rrs", "specinfer", "kseq", "optimal", "gbv", "gbv_tp"):
+      lines.append(
+        "- K > 1, " + _count([r["traversal"] - r[other] for r in multi], f"traversal vs {other}")
+      )
+    lines.append(
+      "- K > 1, "
+      + _count([r["traversal"] - r["block"] for r in multi], "traversal (K drafts) vs block (one)")
     )
   if NOT_ENUMERATED:
     lines.append(f"- registered but not enumerated here: {', '.join(NOT_ENUMERATED)}")

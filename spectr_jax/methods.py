@@ -315,6 +315,18 @@ METHODS: dict[str, Method] = {
       style="--",
       compare_with=("gbv", "optimal", "kseq"),
     ),
+    Method(
+      name="traversal",
+      level="block",
+      verify="spectr_jax.traversal:verify_tree",
+      summary="Traversal Verification: the tree of drafts without replacement verified "
+      "leaf to root with sequence-level acceptance (Weng et al., arXiv 2505.12398)",
+      single="block",
+      drafting="wor",
+      label="Traversal",
+      style="-",
+      compare_with=("rrs",),
+    ),
   )
 }
 

@@ -5,16 +5,19 @@ tests and scripts/block_table.py: random and constant (p, q) trees in block_boun
 layout, the target's sequence law, and `sample_blocks`, which draws K draft paths from
 p, verifies them and completes each emitted block with exact target draws, so that the
 completed L + 1 tokens follow the target's sequence law exactly when the verifier is
-exact.
+exact. `sample_wor_blocks` does the same on the trees of the "wor" scheme, drawn by
+`drafting.without_replacement` through a fake draft model walking the table
+(`wor_extend`, `wor_drafts`; test_wor, test_traversal).
 """
 
+import functools
 import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import sampling
+from spectr_jax import drafting, sampling, verify
 
 TREE_KINDS = ("random", "sparse", "one-hot", "ties")
 
@@ -102,4 +105,77 @@ def sample_blocks(key, p_tab, q_tab, num_drafts, draft_len, verify_fn, n, bonus_
     return code, num
 
   codes, nums = jax.jit(jax.vmap(one))(jax.random.split(key, n))
+  return np.asarray(codes), np.asarray(nums)
+
+
+def wor_extend(p_tab):
+  """A fake draft model walking the tree: its cache is (depth, prefix code per tail)."""
+  vocab = p_tab.shape[-1]
+  logp = jnp.log(jnp.asarray(p_tab, jnp.float32))
+
+  def extend(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None):
+    del params, num_new_B
+    depth, code_BxK = cache
+    if logits_at_B is not None:  # the opening call (pending tokens): the root
+      b, k = tokens_BxKxT.shape[:2]
+      return jnp.broadcast_to(logp[0, 0], (b, k, vocab)), (
+        jnp.int32(1),
+        jnp.zeros((b, k), jnp.int32),
+      )
+    code_BxK = code_BxK * vocab + tokens_BxKxT[:, :, 0]
+    return logp[depth, code_BxK][:, :, None], (depth + 1, code_BxK)
+
+  return extend
+
+
+def wor_drafts(p_tab, num_drafts, draft_len, n, seed=0, branching=None):
+  """n rows of drafts from the "wor" scheme on the tree: drafting.Drafts."""
+  cache = (jnp.int32(0), jnp.zeros((n, num_drafts), jnp.int32))
+  run = jax.jit(
+    functools.partial(
+      drafting.without_replacement,
+      wor_extend(p_tab),
+      None,
+      probs=functools.partial(jax.nn.softmax, axis=-1),
+      num_drafts=num_drafts,
+      draft_len=draft_len,
+      branching=branching,
+    )
+  )
+  key_B = jax.random.split(jax.random.key(seed), n)
+  return run(cache, jnp.zeros((n, 2), jnp.int32), jnp.ones((n,), jnp.int32), key_B)
+
+
+def sample_wor_blocks(
+  p_tab, q_tab, num_drafts, draft_len, n=100_000, seed=3, method="rrs", branching=None
+):
+  """`verify_block` on drafts of the "wor" scheme (with a static branching: the walk it
+  runs, `verify.walk`, whose input check takes the default branching only), each block
+  completed with exact target draws: numpy (codes of the L + 1 tokens, num_tokens)."""
+  vocab = p_tab.shape[-1]
+  out = wor_drafts(p_tab, num_drafts, draft_len, n, seed, branching)
+  if branching is None:
+    block = functools.partial(verify.verify_block, method=method)
+  else:
+    walk = functools.partial(verify.walk, rho_value=0.0, method=method, rho_mode="star")
+    block = lambda *args: walk(*args)[:2]  # noqa: E731
+  q_j = jnp.asarray(q_tab, jnp.float32)
+
+  def one(key, drafts_KxL, p_KxLxV):
+    verify_key, extend_key = jax.random.split(key)
+    code_K = jnp.zeros((num_drafts,), jnp.int32)
+    qs = []
+    for t in range(draft_len + 1):
+      qs.append(q_j[t, code_K])
+      if t < draft_len:
+        code_K = code_K * vocab + drafts_KxL[:, t]
+    tokens_L1, num = block(verify_key, drafts_KxL, p_KxLxV, jnp.stack(qs, 1))
+    code = jnp.int32(0)
+    for t in range(draft_len + 1):
+      draw = sampling.categorical(jax.random.fold_in(extend_key, t), q_j[t, code])
+      code = code * vocab + jnp.where(t < num, tokens_L1[t], draw)
+    return code, num
+
+  keys = jax.random.split(jax.random.key(seed + 1), n)
+  codes, nums = jax.jit(jax.vmap(one))(keys, out.tokens_BxKxL, out.p_BxKxLxV)
   return np.asarray(codes), np.asarray(nums)

@@ -36,6 +36,7 @@ CASES = [
   pytest.param("block", 1, 2, marks=_slow),
   pytest.param("gbv", 3, 2, marks=_slow),
   pytest.param("gbv_tp", 3, 2, marks=_slow),
+  pytest.param("traversal", 3, 2, marks=_slow),
 ]
 
 
@@ -71,18 +72,24 @@ def test_tree_rounds_keep_the_output_law(models, method, temperature, top_k):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-  "branching, use_tree", [((2, 2), False), ((2, 2), True), ("proportional", True)]
+  "method, branching, use_tree",
+  [
+    ("rrs", (2, 2), False),
+    ("rrs", (2, 2), True),
+    ("rrs", "proportional", True),
+    ("traversal", "proportional", True),
+  ],
 )
-def test_tree_drafts_keep_the_output_law(models, branching, use_tree):
-  """Issue 27: RRS on drafted trees (children without replacement at every node; K = 4,
-  L = 2) through the engine: the static branching (2, 2) as tails and as a scored tree
-  (7 nodes per round: the root, 2 children, 4 grandchildren), and the "proportional"
-  tree (shaped by the draft's probabilities: at most 9 nodes) scored as a tree; the
-  target's law, several rounds."""
+def test_tree_drafts_keep_the_output_law(models, method, branching, use_tree):
+  """Issue 27: RRS and Traversal Verification on drafted trees (children without
+  replacement at every node; K = 4, L = 2) through the engine: the static branching
+  (2, 2) as tails and as a scored tree (7 nodes per round: the root, 2 children, 4
+  grandchildren), and the "proportional" tree (shaped by the draft's probabilities: at
+  most 9 nodes) scored as a tree; the target's law, several rounds."""
   draft, target = models
-  out = generate(draft, target, "rrs", 4, 2, 4, key=11, tree=use_tree, branching=branching)
+  out = generate(draft, target, method, 4, 2, 4, key=11, tree=use_tree, branching=branching)
   law = exact_law(target, 4)
-  what = f"rrs tree {branching} tree={use_tree}"
+  what = f"{method} tree {branching} tree={use_tree}"
   stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, what)
   assert residual_share(out, 2) >= 0.2
   rounds_B = np.asarray(out.stats.rounds_B)

@@ -27,6 +27,7 @@ ORDER = (
   "acceptance",
   "optimal",
   "block",
+  "traversal",
   "block_bound",
   "verify",
   "drafting",

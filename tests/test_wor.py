@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import acceptance, drafting, sampling, verify
-from tests import reference, stats
+from spectr_jax import acceptance, drafting, verify
+from tests import reference, sequences, stats
 from tests import wor_reference as ref
 
 N = 100_000
@@ -169,44 +169,6 @@ def _tree(seed, vocab, draft_len, conc=0.7, sparse=False):
   return p, q
 
 
-def _tree_extend(p_tab):
-  """A fake draft model walking the tree: its cache is (depth, prefix code per tail)."""
-  vocab = p_tab.shape[-1]
-  logp = jnp.log(_f32(p_tab))
-
-  def extend(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None):
-    del params, num_new_B
-    depth, code_BxK = cache
-    if logits_at_B is not None:  # the opening call (pending tokens): the root
-      b, k = tokens_BxKxT.shape[:2]
-      return jnp.broadcast_to(logp[0, 0], (b, k, vocab)), (
-        jnp.int32(1),
-        jnp.zeros((b, k), jnp.int32),
-      )
-    code_BxK = code_BxK * vocab + tokens_BxKxT[:, :, 0]
-    return logp[depth, code_BxK][:, :, None], (depth + 1, code_BxK)
-
-  return extend
-
-
-def _draft(p_tab, num_drafts, draft_len, n, seed=0, branching=None):
-  """n rows of drafts from the "wor" scheme on the tree: drafting.Drafts."""
-  cache = (jnp.int32(0), jnp.zeros((n, num_drafts), jnp.int32))
-  run = jax.jit(
-    functools.partial(
-      drafting.without_replacement,
-      _tree_extend(p_tab),
-      None,
-      probs=functools.partial(jax.nn.softmax, axis=-1),
-      num_drafts=num_drafts,
-      draft_len=draft_len,
-      branching=branching,
-    )
-  )
-  key_B = jax.random.split(jax.random.key(seed), n)
-  return run(cache, jnp.zeros((n, 2), jnp.int32), jnp.ones((n,), jnp.int32), key_B)
-
-
 def _codes(paths_XxL, vocab):
   return np.asarray(paths_XxL) @ (vocab ** np.arange(paths_XxL.shape[-1])[::-1])
 
@@ -217,7 +179,7 @@ def test_scheme_draws_the_multiset_law(sparse):
   where the root has fewer than K tokens) follow `wor_reference.multiset_law`."""
   vocab, k, draft_len = 3, 3, 2
   p_tab, _ = _tree(5, vocab, draft_len, sparse=sparse)
-  out = _draft(p_tab, k, draft_len, N)
+  out = sequences.wor_drafts(p_tab, k, draft_len, N)
   codes_BxK = _codes(out.tokens_BxKxL, vocab)
   law = ref.multiset_law(p_tab, k, draft_len)
   assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
@@ -354,39 +316,6 @@ def test_public_rrs_and_verify_block_checks():
 # Sequences: the scheme's drafts through verify_block, completed by exact target draws.
 
 
-def _sample_blocks(p_tab, q_tab, num_drafts, draft_len, n=N, seed=3, method="rrs", branching=None):
-  """`verify_block` on drafts of the "wor" scheme (with a static branching: the walk it
-  runs, `verify.walk`, whose input check takes the default branching only), each block
-  completed with exact target draws: numpy (codes of the L + 1 tokens, num_tokens)."""
-  vocab = p_tab.shape[-1]
-  out = _draft(p_tab, num_drafts, draft_len, n, seed, branching)
-  if branching is None:
-    block = functools.partial(verify.verify_block, method=method)
-  else:
-    walk = functools.partial(verify.walk, rho_value=0.0, method=method, rho_mode="star")
-    block = lambda *args: walk(*args)[:2]  # noqa: E731
-  q_j = _f32(q_tab)
-
-  def one(key, drafts_KxL, p_KxLxV):
-    verify_key, extend_key = jax.random.split(key)
-    code_K = jnp.zeros((num_drafts,), jnp.int32)
-    qs = []
-    for t in range(draft_len + 1):
-      qs.append(q_j[t, code_K])
-      if t < draft_len:
-        code_K = code_K * vocab + drafts_KxL[:, t]
-    tokens_L1, num = block(verify_key, drafts_KxL, p_KxLxV, jnp.stack(qs, 1))
-    code = jnp.int32(0)
-    for t in range(draft_len + 1):
-      draw = sampling.categorical(jax.random.fold_in(extend_key, t), q_j[t, code])
-      code = code * vocab + jnp.where(t < num, tokens_L1[t], draw)
-    return code, num
-
-  keys = jax.random.split(jax.random.key(seed + 1), n)
-  codes, nums = jax.jit(jax.vmap(one))(keys, out.tokens_BxKxL, out.p_BxKxLxV)
-  return np.asarray(codes), np.asarray(nums)
-
-
 def _sequence_law(q_tab, draft_len):
   vocab, law = q_tab.shape[-1], np.ones(1)
   for t in range(draft_len + 1):
@@ -428,7 +357,7 @@ _SEQ = [
 @pytest.mark.parametrize("draft_len, sparse", _SEQ)
 def test_block_sequence_law_and_length(draft_len, sparse):
   p_tab, q_tab = _tree(draft_len + 10 * sparse, 3, draft_len, sparse=sparse)
-  codes, nums = _sample_blocks(p_tab, q_tab, 3, draft_len)
+  codes, nums = sequences.sample_wor_blocks(p_tab, q_tab, 3, draft_len)
   law = _sequence_law(q_tab, draft_len)
   what = f"rrs block L={draft_len} sparse={sparse}"
   stats.assert_law(np.bincount(codes, minlength=law.size), law, what)
@@ -444,7 +373,7 @@ def test_block_rejects_specinfer_rule_on_drafts_without_replacement():
   this root it puts total variation 0.053 on the first token."""
   p_tab, q_tab = _tree(4, 3, 2)
   p_tab[0, 0], q_tab[0, 0] = [0.64, 0.12, 0.24], [0.2, 0.32, 0.48]
-  codes, _ = _sample_blocks(p_tab, q_tab, 2, 2, method="specinfer")
+  codes, _ = sequences.sample_wor_blocks(p_tab, q_tab, 2, 2, method="specinfer")
   law = _sequence_law(q_tab, 2)
   stats.assert_rejects(np.bincount(codes, minlength=law.size), law, "specinfer on wor blocks")
 
@@ -475,7 +404,7 @@ def test_static_tree_draws_its_law(branching, sparse):
   vocab, draft_len = 3, len(branching)
   k = int(np.prod(branching))
   p_tab, _ = _tree(7, vocab, draft_len, sparse=sparse)
-  out = _draft(p_tab, k, draft_len, N, seed=2, branching=branching)
+  out = sequences.wor_drafts(p_tab, k, draft_len, N, seed=2, branching=branching)
   tokens_BxKxL = np.asarray(out.tokens_BxKxL)
   law = ref.static_tree_law(p_tab, branching)
   _assert_paths_law(tokens_BxKxL, law, vocab, f"static tree {branching} sparse={sparse}")
@@ -486,12 +415,12 @@ def test_static_tree_draws_its_law(branching, sparse):
 def test_static_tree_default_is_the_scheme_of_distinct_first_tokens():
   """branching (K, 1, ..., 1) is the default: the same tokens for the same keys."""
   p_tab, _ = _tree(3, 4, 3)
-  default = _draft(p_tab, 3, 3, 64, seed=1)
-  explicit = _draft(p_tab, 3, 3, 64, seed=1, branching=(3, 1, 1))
+  default = sequences.wor_drafts(p_tab, 3, 3, 64, seed=1)
+  explicit = sequences.wor_drafts(p_tab, 3, 3, 64, seed=1, branching=(3, 1, 1))
   np.testing.assert_array_equal(np.asarray(default.tokens_BxKxL), np.asarray(explicit.tokens_BxKxL))
   for bad in [(3, 1), (2, 1, 1), (3, 1, 0), [3, 1, 1], "proportionl"]:
     with pytest.raises(ValueError, match="branching"):
-      _draft(p_tab, 3, 3, 4, branching=bad)
+      sequences.wor_drafts(p_tab, 3, 3, 4, branching=bad)
 
 
 @pytest.mark.parametrize("broken", [False, pytest.param(True, marks=pytest.mark.slow)])
@@ -510,7 +439,7 @@ def test_rrs_verifies_a_static_tree_node_by_node(broken, monkeypatch):
       return real(key_BxK, p_BxKxV, *args, max_children=max_children)
 
     monkeypatch.setattr(drafting, "_children", first_nodes_law)
-  codes, nums = _sample_blocks(p_tab, q_tab, 4, 2, branching=(2, 2))
+  codes, nums = sequences.sample_wor_blocks(p_tab, q_tab, 4, 2, branching=(2, 2))
   law = _sequence_law(q_tab, 2)
   counts = np.bincount(codes, minlength=law.size)
   if broken:
@@ -535,7 +464,7 @@ def test_proportional_tree_draws_its_law(sparse, k):
   sparse tree the root's 2 tokens cannot take 4 paths: the rest go to child 0)."""
   vocab, draft_len = 3, 2
   p_tab, _ = _tree(11, vocab, draft_len, sparse=sparse)
-  out = _draft(p_tab, k, draft_len, N, seed=4, branching="proportional")
+  out = sequences.wor_drafts(p_tab, k, draft_len, N, seed=4, branching="proportional")
   tokens_BxKxL = np.asarray(out.tokens_BxKxL)
   law = ref.proportional_tree_law(p_tab, k)
   _assert_paths_law(tokens_BxKxL, law, vocab, f"proportional tree K={k} sparse={sparse}")
@@ -579,7 +508,7 @@ def test_rrs_verifies_a_proportional_tree(broken, monkeypatch):
       return got_J.at[0].add(size - jnp.sum(got_J))
 
     monkeypatch.setattr(drafting, "shares", dropping)
-  codes, nums = _sample_blocks(p_tab, q_tab, 4, 2, branching="proportional")
+  codes, nums = sequences.sample_wor_blocks(p_tab, q_tab, 4, 2, branching="proportional")
   law = _sequence_law(q_tab, 2)
   counts = np.bincount(codes, minlength=law.size)
   if broken:

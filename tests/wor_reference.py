@@ -20,6 +20,10 @@ acceptance of `spectr_jax.acceptance` (nothing in spectr_jax imports it). Small 
   "wor" scheme on an enumerable tree (the input of a block-level LP).
 - `static_tree_law(p_tab, branching)`: the law of the K paths, in order, of the "wor"
   scheme with a static branching per depth.
+- `proportional_tree_law(p_tab, k)`: the same for branching "proportional".
+- `tree_walk_law(paths, p_tab, q_tab)`: RRS walking a tree node by node, exact law.
+- `traversal_law(paths, p_tab, q_tab)`: Traversal Verification of a tree (leaf to root),
+  exact law and mean tokens; `broken` gives its two broken variants.
 """
 
 import itertools
@@ -282,3 +286,90 @@ def tree_walk_law(paths, p_tab, q_tab, rule=rrs_law):
 
   walk(0, 0, tokens, 1.0)
   return out
+
+
+def _complete(out, vocab, depth, t, code, weight, law, q_tab):
+  """Adds weight x (token t ~ law, then the target's draws to depth L) to `out`."""
+  for y in np.flatnonzero(law > 0):
+    if t == depth:
+      out[code * vocab + y] += weight * law[y]
+    else:
+      _complete(
+        out,
+        vocab,
+        depth,
+        t + 1,
+        code * vocab + y,
+        weight * law[y],
+        q_tab[t + 1, code * vocab + y],
+        q_tab,
+      )
+
+
+def traversal_law(paths, p_tab, q_tab, broken=""):
+  """The exact law of one round's L + 1 tokens (base-V codes) under Traversal
+  Verification (Weng et al., arXiv 2505.12398) of the draft tree of `paths`, and the
+  mean number of tokens it emits.
+
+  Nodes are tested leaf to root in post-order (children in the order of their first
+  path). With w(root) = 1 and w(u.x) = min(1, w(u) Q_u(x) / P_u(x)) (Q_u, P_u: the
+  node's current target and draft laws, at first q and p), a node is accepted with
+  probability w (the root always); the emitted tokens are its prefix, then a bonus
+  from its Q. A rejected node u.x updates its parent u with a = w(u):
+    S = sum_y max(a Q_u(y) - P_u(y), 0),  Q_u <- norm(max(a Q_u - P_u, 0)),
+    w(u) <- S / (S + 1 - a),  P_u <- P_u with x removed, renormalised,
+  and the weights below u are recomputed. `broken`: "bonus" draws the bonus from the
+  node's original q (its residual ignored); "draft" never renormalises P_u.
+  """
+  vocab, depth = p_tab.shape[-1], p_tab.shape[0] - 1
+  tokens = [tuple(int(c) // vocab ** (depth - 1 - t) % vocab for t in range(depth)) for c in paths]
+  children = {}
+  for path in tokens:
+    for t in range(depth):
+      kids = children.setdefault(path[:t], [])
+      if path[t] not in kids:
+        kids.append(path[t])
+
+  def code(u):
+    return sum(x * vocab ** (len(u) - 1 - i) for i, x in enumerate(u))
+
+  target, draft, order = {}, {}, []
+
+  def post(u):
+    target[u] = q_tab[len(u), code(u)].astype(np.float64).copy()
+    if len(u) < depth:
+      draft[u] = p_tab[len(u), code(u)].astype(np.float64).copy()
+    for x in children.get(u, []):
+      post(u + (x,))
+    order.append(u)
+
+  post(())
+  weight = {(): 1.0}
+
+  def reweigh(u):
+    for x in children.get(u, []):
+      ratio = target[u][x] / draft[u][x] if draft[u][x] > 0 else 0.0
+      weight[u + (x,)] = min(1.0, weight[u] * ratio)
+      reweigh(u + (x,))
+
+  reweigh(())
+  out, reach, mean = np.zeros(vocab ** (depth + 1)), 1.0, 0.0
+  for u in order:
+    accept = 1.0 if u == () else weight[u]
+    bonus = q_tab[len(u), code(u)] if broken == "bonus" else target[u]
+    _complete(out, vocab, depth, len(u), code(u), reach * accept, bonus, q_tab)
+    mean += reach * accept * (len(u) + 1)
+    reach *= 1.0 - accept
+    if u == ():
+      break
+    parent, x = u[:-1], u[-1]
+    a = weight[parent]
+    left = np.maximum(a * target[parent] - draft[parent], 0.0)
+    s = left.sum()
+    weight[parent] = s / (s + 1.0 - a) if s + 1.0 - a > 0 else 0.0
+    target[parent] = _normalised_or(left, target[parent])
+    if broken != "draft":
+      draft[parent][x] = 0.0
+      draft[parent] = _normalised_or(draft[parent], draft[parent])
+    reweigh(parent)
+  return out, mean
