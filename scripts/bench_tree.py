@@ -1,8 +1,9 @@
 """Tails against token trees: what scoring each distinct draft prefix once saves.
 
 For the embedded pair (or random-weight models of its sizes when it is missing), prints
-one row per (method, K, L[, branching]) with its drafts (i.i.d., or for "rrs" a static
-tree, or with ":proportional" the tree shaped by the draft's probabilities:
+one row per (method, K, L[, branching]) with its drafts (i.i.d., or for the methods of
+the "wor" scheme, rrs and traversal, a static tree, or with ":proportional" the tree
+shaped by the draft's probabilities:
 `engine.generate(branching=...)`) scored as K tails and as their deduplicated tree
 (`engine.generate(tree=True)`), all timed round-robin in one run:
   - block efficiency of both on the same held-out prompts and keys (a tree round is the
