@@ -14,7 +14,9 @@
   and uneven shapes; a broken variant (residuals not taken) is rejected.
 - Drafted and verified end to end (`drafting.without_replacement` on a fake draft model,
   then `verify.walk`): the target's law by chi-square and the enumerated mean tokens.
-- Float32 at V = 32k: no token of target probability 0 is ever emitted.
+- Float32 at V = 32k: no token of target probability 0 is ever emitted; on the scheme's
+  own trees (K = 4, L = 2) the first two tokens follow q x q (chi-square over equal-mass
+  bins), the broken variant rejected.
 """
 
 import jax
@@ -22,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import acceptance, traversal
+from spectr_jax import acceptance, drafting, sampling, traversal
 from tests import sequences, stats
 from tests import wor_reference as ref
 
@@ -204,3 +206,58 @@ def test_verify_tree_at_an_llm_vocabulary_never_emits_a_zero_probability_token()
       path = int(np.argmax(np.all(drafts[:, :t] == tokens[row, :t], axis=1)))
       assert q_np[path, t, tokens[row, t]] > 0, (row, t)
   assert set(nums) == {1, 2, 3}, np.bincount(nums)
+
+
+def _llm_like(seed, vocab):
+  """Correlated draft and target laws with LLM-like tails (log-normal weights)."""
+  rng = np.random.default_rng(seed)
+  base = rng.normal(size=vocab)
+  p = np.exp(2.0 * (base + 0.5 * rng.normal(size=vocab)))
+  q = np.exp(2.0 * (base + 0.5 * rng.normal(size=vocab)))
+  return p / p.sum(), q / q.sum()
+
+
+def _sample_context_free(p, q, num_drafts, n, seed):
+  """Traversal Verification of the "wor" scheme's default tree (K distinct first tokens
+  drawn without replacement, each path continuing with one draft token) under one
+  context-free pair (the same p and q after every prefix), L = 2: the first two emitted
+  tokens, the second completed from q where the round emitted one."""
+  p_j, q_j = jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
+  p_KxLxV = jnp.broadcast_to(p_j, (num_drafts, 2, p.size))
+  q_KxL1xV = jnp.broadcast_to(q_j, (num_drafts, 3, p.size))
+
+  def one(key):
+    first_key, next_key, verify_key, complete_key = jax.random.split(key, 4)
+    first_K, _ = drafting.distinct_tokens(jax.random.split(first_key, num_drafts), p_j)
+    keys = jax.random.split(next_key, num_drafts)
+    next_K = jax.vmap(lambda k: sampling.categorical(k, p_j))(keys)
+    verdict = traversal.verify_tree(verify_key, jnp.stack([first_K, next_K], 1), p_KxLxV, q_KxL1xV)
+    second = jnp.where(
+      verdict.num_tokens > 1, verdict.tokens_L1[1], sampling.categorical(complete_key, q_j)
+    )
+    return verdict.tokens_L1[0], second
+
+  keys = jax.random.split(jax.random.key(seed), n)
+  first, second = jax.jit(lambda k: jax.lax.map(one, k, batch_size=512))(keys)
+  return np.asarray(first), np.asarray(second)
+
+
+@pytest.mark.slow
+@pytest.mark.execution_bound  # mostly running the program: the optimised build
+@pytest.mark.parametrize("broken", [False, True])
+def test_traversal_at_an_llm_vocabulary_gives_the_target_law(broken, monkeypatch):
+  """V = 32768, K = 4, L = 2, LLM-like correlated laws, the scheme's own trees (float32 at
+  the size users run): the first two tokens of a round follow q x q (8 x 8 bins of equal
+  q-mass, 8192 rounds, in batches of 512). Broken: residuals not taken (the bonus from
+  the node's law as it was): rejected."""
+  if broken:
+    monkeypatch.setattr(acceptance, "residual", lambda t, m: t / jnp.sum(t))
+  p, q = _llm_like(21, 32768)
+  first, second = _sample_context_free(p, q, 4, 8192, seed=2)
+  bins, bin_probs = stats.equal_mass_bins(q, 8)
+  counts = np.bincount(bins[first] * 8 + bins[second], minlength=64)
+  law = np.outer(bin_probs, bin_probs).ravel()
+  if broken:
+    stats.assert_rejects(counts, law, "traversal V=32k without residuals", min_power=0.99)
+  else:
+    stats.assert_law(counts, law, "traversal V=32k")
