@@ -55,6 +55,16 @@ def random_tree(rng, vocab: int, draft_len: int, kind: str = "random", concentra
   return p, q
 
 
+def llm_like(seed, vocab: int):
+  """(p, q) float64 over `vocab` tokens: correlated draft and target laws with LLM-like
+  tails (log-normal weights around a shared base)."""
+  rng = np.random.default_rng(seed)
+  base = rng.normal(size=vocab)
+  p = np.exp(2.0 * (base + 0.5 * rng.normal(size=vocab)))
+  q = np.exp(2.0 * (base + 0.5 * rng.normal(size=vocab)))
+  return p / p.sum(), q / q.sum()
+
+
 def constant_tree(p, q, draft_len: int):
   """A context-independent tree: the same p and q after every prefix."""
   p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)

@@ -208,15 +208,6 @@ def test_verify_tree_at_an_llm_vocabulary_never_emits_a_zero_probability_token()
   assert set(nums) == {1, 2, 3}, np.bincount(nums)
 
 
-def _llm_like(seed, vocab):
-  """Correlated draft and target laws with LLM-like tails (log-normal weights)."""
-  rng = np.random.default_rng(seed)
-  base = rng.normal(size=vocab)
-  p = np.exp(2.0 * (base + 0.5 * rng.normal(size=vocab)))
-  q = np.exp(2.0 * (base + 0.5 * rng.normal(size=vocab)))
-  return p / p.sum(), q / q.sum()
-
-
 def _sample_context_free(p, q, num_drafts, n, seed):
   """Traversal Verification of the "wor" scheme's default tree (K distinct first tokens
   drawn without replacement, each path continuing with one draft token) under one
@@ -252,7 +243,7 @@ def test_traversal_at_an_llm_vocabulary_gives_the_target_law(broken, monkeypatch
   the node's law as it was): rejected."""
   if broken:
     monkeypatch.setattr(acceptance, "residual", lambda t, m: t / jnp.sum(t))
-  p, q = _llm_like(21, 32768)
+  p, q = sequences.llm_like(21, 32768)
   first, second = _sample_context_free(p, q, 4, 8192, seed=2)
   bins, bin_probs = stats.equal_mass_bins(q, 8)
   counts = np.bincount(bins[first] * 8 + bins[second], minlength=64)

@@ -223,14 +223,6 @@ def _sample_position(fn, p, q, k, *, seed=0, n=N):
   return tuple(np.asarray(x) for x in run(jax.random.key(seed)))
 
 
-def _llm_like(seed, vocab):
-  rng = np.random.default_rng(seed)
-  base = rng.normal(size=vocab)
-  p = np.exp(2.0 * (base + 0.5 * rng.normal(size=vocab)))
-  q = np.exp(2.0 * (base + 0.5 * rng.normal(size=vocab)))
-  return p / p.sum(), q / q.sum()
-
-
 POSITION_CASES = {
   "k-equals-v": EDGE_CASES[0],
   "one-hot-p": EDGE_CASES[1],
@@ -264,7 +256,7 @@ def test_rrs_output_law_is_q(case):
 def test_rrs_large_vocabulary():
   """V = 32k, K = 8, LLM-like pairs, 64 bins of equal q-mass; the hit rate against the
   estimate of `acceptance.rrs_acceptance`."""
-  p, q = _llm_like(11, 32_000)
+  p, q = sequences.llm_like(11, 32_000)
   tokens, _, hit = _sample_position(verify.rrs_position, p, q, 8, n=N // 2)
   bins, bin_probs = stats.equal_mass_bins(q, 64)
   stats.assert_law(np.bincount(bins[tokens], minlength=64), bin_probs, "rrs V=32k")
