@@ -116,12 +116,13 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
 
     def draft_step(params, carry):
       cache, keys = carry
-      d, _, cache, _ = rounds.draft(spec, params, cache, state, keys, traced)
-      return reset_tails(cache), jax.vmap(jax.random.fold_in)(keys, d[:, 0, 0])
+      out = rounds.draft(spec, params, cache, state, keys, traced)
+      return reset_tails(out.cache), jax.vmap(jax.random.fold_in)(keys, out.tokens_BxKxL[:, 0, 0])
 
     timers["draft"] = (_looped(draft_step), (draft_params, (state.draft_cache, keys)))
     draft_fn = jax.jit(functools.partial(rounds.draft, spec, traced=traced))
-    drafts, p, _, _ = draft_fn(draft_params, state.draft_cache, state, keys)
+    out = draft_fn(draft_params, state.draft_cache, state, keys)
+    drafts, p = out.tokens_BxKxL, out.p_BxKxLxV
 
   def score(params, cache, drafts):
     scored = rounds.score(spec, params, cache, state.last_B, drafts, traced)
@@ -147,8 +148,8 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
     draft_cache, target_cache, keys = carry
     d, p = drafts, None
     if spec.draft_len:
-      d, p, draft_cache, _ = rounds.draft(spec, params[0], draft_cache, state, keys, traced)
-      draft_cache = reset_tails(draft_cache)
+      out = rounds.draft(spec, params[0], draft_cache, state, keys, traced)
+      d, p, draft_cache = out.tokens_BxKxL, out.p_BxKxLxV, reset_tails(out.cache)
     q, target_cache = score(params[1], target_cache, d)
     out, _, _ = rounds.verify_rows(spec, keys, d, p, q, traced)
     return draft_cache, target_cache, jax.vmap(jax.random.fold_in)(keys, out[:, 0])

@@ -11,8 +11,10 @@ shaped by the draft's probabilities:
     the paired 95% interval of the per-prompt difference;
   - distinct prefixes per round and target positions computed per round (K(L + 1) for
     tails; the compiled tree size for trees), and emitted tokens per target position;
-  - the target call and the engine's round (`bench_decode.part_timers`) in ms, tails and
-    tree, and their ratios.
+  - draft positions computed per round (K(L + 1) for tails; for trees each distinct
+    prefix once per depth, on the compiled widths of `tree.draft_widths`);
+  - the draft's L steps, the target call and the engine's round
+    (`bench_decode.part_timers`) in ms, tails and tree, and their ratios.
 
 With --budgets 16,32,64 it answers instead: at an equal node budget, which drafting scheme
 and verifier emit the most tokens per round? Each config runs as a scored tree only (no
@@ -51,6 +53,11 @@ COLS = [
   ("pos_tree", "... tree", "{:.1f}"),
   ("tpp_tails", "tokens / target position, tails", "{:.3f}"),
   ("tpp_tree", "... tree", "{:.3f}"),
+  ("dpos_tails", "draft positions / round, tails", "{:.0f}"),
+  ("dpos_tree", "... tree", "{:.1f}"),
+  ("draft_tails", "draft ms, tails", "{:.2f}"),
+  ("draft_tree", "... tree", "{:.2f}"),
+  ("draft_ratio", "tree / tails", "{:.2f}"),
   ("target_tails", "target call ms, tails", "{:.2f}"),
   ("target_tree", "... tree", "{:.2f}"),
   ("target_ratio", "tree / tails", "{:.2f}"),
@@ -82,7 +89,7 @@ def branching_label(branching) -> str:
 
 
 def decode(draft, target, prompts, lengths, method, k, length, branching, max_new_tokens, tree):
-  """Per-prompt emitted tokens, rounds, distinct nodes and target positions."""
+  """Per-prompt emitted tokens, rounds, distinct nodes, target and draft positions."""
   out = engine.generate(
     jax.random.key(0),
     draft=draft,
@@ -98,7 +105,7 @@ def decode(draft, target, prompts, lengths, method, k, length, branching, max_ne
   )
   s = out.stats
   return {name: np.asarray(getattr(s, f"{name}_B"), np.float64) for name in
-          ("emitted", "rounds", "nodes", "positions")}  # fmt: skip
+          ("emitted", "rounds", "nodes", "positions", "draft_positions")}  # fmt: skip
 
 
 def paired_interval(a, b):
@@ -134,6 +141,8 @@ def compare(draft, target, timed, many, configs, max_new_tokens, repeats):
         pos_tree=trees["positions"].sum() / trees["rounds"].sum(),
         tpp_tails=tails["emitted"].sum() / tails["positions"].sum(),
         tpp_tree=trees["emitted"].sum() / trees["positions"].sum(),
+        dpos_tails=tails["draft_positions"].sum() / tails["rounds"].sum(),
+        dpos_tree=trees["draft_positions"].sum() / trees["rounds"].sum(),
       )
     )
     for use_tree in (False, True):
@@ -142,12 +151,13 @@ def compare(draft, target, timed, many, configs, max_new_tokens, repeats):
         target.config, tree=use_tree, branching=branching,
       )  # fmt: skip
       parts = part_timers(spec, draft, target, *timed)
+      timers[(i, use_tree, "draft")] = parts["draft"]
       timers[(i, use_tree, "target")] = parts["target"]
       timers[(i, use_tree, "round")] = parts["round loop"]
     print(f"prepared tails and tree {rows[-1]} ({i + 1}/{len(configs)})"[:120], flush=True)
   medians = interleaved_medians(timers, repeats)
   for i, row in enumerate(rows):
-    for part in ("target", "round"):
+    for part in ("draft", "target", "round"):
       tails_ms, tree_ms = (1e3 * medians[(i, t, part)] / CALLS for t in (False, True))
       row.update({f"{part}_tails": tails_ms, f"{part}_tree": tree_ms})
       row[f"{part}_ratio"] = tree_ms / tails_ms

@@ -3,7 +3,7 @@
 A scheme is a function
 
   scheme(extend, params, cache, pending_Bx2, num_pending_B, key_B, probs, *,
-         num_drafts, draft_len) -> Drafts
+         num_drafts, draft_len, take_tails=None) -> Drafts
 
 that runs the draft model through `extend` (the decoder's extend-on-tails call:
 (params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None) -> (logits, cache)),
@@ -11,6 +11,16 @@ turns logits into distributions with `probs` (the decode's sampling transform) a
 returns the draft tokens, the distributions they were proposed from and the structure
 the verifier needs. The method registry (`spectr_jax.methods.DRAFTING`) names the scheme
 of each method; `rounds.draft` calls it.
+
+With `take_tails` (the decoder's (cache, tails_BxW) -> cache of those W tails) the draft
+computes each distinct prefix once per depth (`tree=True` rounds): the K tails are empty
+when a round's drafting starts, so the opening call (the pending tokens, the same for
+every tail) runs on one tail; at each later depth the tails whose paths agree so far
+share one computation, on the smallest of `tree.draft_widths(K)` tails that holds every
+row's distinct prefixes (chosen per depth with `lax.switch`), and the computed tails'
+entries and logits are spread back to the tails that share them. Every tail ends with
+the entries and p its own path gives, so the drafts' law does not change; tails of one
+prefix get bit-identical p.
 
 Schemes here:
   iid: K i.i.d. sequences of L tokens (SpecTr), one cache tail per draft.
@@ -35,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import sampling
+from spectr_jax import sampling, tree
 
 __all__ = [
   "Drafts",
@@ -59,6 +69,8 @@ class Drafts(NamedTuple):
   cache: the draft model's cache with the drafts in its tails (the last token of each
     draft is never fed: the round's commit appends it when it is accepted).
   nonfinite_B: rows whose draft logits were not finite anywhere.
+  positions: the draft positions computed per row (int32 scalar): K (L + 1) on tails
+    (two pending tokens, then L - 1 steps of K), fewer with `take_tails`.
 
   Tails are the structure: draft k is the path of tail k (paths may share prefixes).
   """
@@ -67,6 +79,7 @@ class Drafts(NamedTuple):
   p_BxKxLxV: jax.Array
   cache: Any
   nonfinite_B: jax.Array
+  positions: jax.Array
 
 
 def draft_keys_LxBxK(key_B, num_steps: int, num_tails: int):
@@ -237,8 +250,44 @@ def _proportional(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2):
   return pick(x_BxKxJ), source_BxK, block_BxKx2
 
 
+def _extend_distinct(extend: Callable, take_tails: Callable, params, widths: tuple[int, ...],
+                     tokens_BxKxT, cache, first_BxK, num_new_B=None, logits_at_B=None):  # fmt: skip
+  """`extend` on each distinct tail once: tail k holds the same sequence as tail
+  first_BxK[k] (its first equal, `tree.first_equal`), before and after these tokens.
+
+  The distinct tails (first_BxK[k] = k), in tail order, are taken into a cache of w tails
+  (`take_tails`; w the smallest of `widths` that holds every row's count, rows with fewer
+  padded with copies), extended, and spread back: tail k gets the entries and logits of
+  its first equal. Returns (logits for all K tails, the K-tail cache, positions computed
+  per row).
+  """
+  k, t = tokens_BxKxT.shape[1:]
+  new_BxK = first_BxK == jnp.arange(k)
+  order_BxK = jnp.argsort(~new_BxK, axis=1, stable=True)  # the distinct tails first
+  slot_BxK = jnp.take_along_axis(jnp.cumsum(new_BxK, axis=1) - 1, first_BxK, axis=1)
+  spread = jax.vmap(lambda a_WxA, slot_K: a_WxA[slot_K])
+
+  def branch(w):
+    def run(cache):
+      tails_BxW = order_BxK[:, :w]
+      tokens_BxWxT = jnp.take_along_axis(tokens_BxKxT, tails_BxW[..., None], axis=1)
+      logits, cache = extend(params, tokens_BxWxT, take_tails(cache, tails_BxW), num_new_B,
+                             logits_at_B)  # fmt: skip
+      return spread(logits, slot_BxK), take_tails(cache, slot_BxK)
+
+    return run
+
+  if len(widths) == 1:
+    logits, cache = branch(widths[0])(cache)
+    return logits, cache, jnp.int32(widths[0] * t)
+  bucket = tree.bucket_index(jnp.sum(new_BxK, axis=1), widths)
+  logits, cache = jax.lax.switch(bucket, [branch(w) for w in widths], cache)
+  return logits, cache, jnp.asarray(widths, jnp.int32)[bucket] * t
+
+
 def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pending_Bx2,
-           num_pending_B, key_B, probs, *, num_drafts: int, draft_len: int) -> Drafts:  # fmt: skip
+           num_pending_B, key_B, probs, *, num_drafts: int, draft_len: int,
+           take_tails: Callable | None = None) -> Drafts:  # fmt: skip
   """K draft paths of L tokens per row, drawn depth by depth.
 
   `first` (depth 0) and `draw` (the later depths), (key_BxK, p_BxKxV, source_BxK, level,
@@ -254,11 +303,23 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
 
   The pending tokens (1 or 2 per row: what the draft has not seen of the emitted text)
   open every tail, and only the last one's logits are computed; L - 1 steps under
-  `lax.scan` follow, each writing its p in place into p_BxKxLxV.
+  `lax.scan` follow, each writing its p in place into p_BxKxLxV. With `take_tails` each
+  distinct prefix is computed once (`_extend_distinct`; module docstring).
   """
   b, k, n = pending_Bx2.shape[0], num_drafts, draft_len
+  if take_tails is None:
+
+    def call(widths, tokens_BxKxT, cache, first_BxK, *args):
+      del widths, first_BxK
+      logits, cache = extend(params, tokens_BxKxT, cache, *args)
+      return logits, cache, jnp.int32(tokens_BxKxT[0].size)
+
+  else:
+    call = functools.partial(_extend_distinct, extend, take_tails, params)
   tokens_BxKx2 = jnp.broadcast_to(pending_Bx2[:, None, :], (b, k, 2))
-  logits_BxKxV, cache = extend(params, tokens_BxKx2, cache, num_pending_B, num_pending_B - 1)
+  logits_BxKxV, cache, positions = call(
+    (1,), tokens_BxKx2, cache, jnp.zeros((b, k), jnp.int32), num_pending_B, num_pending_B - 1
+  )
   bad_B = sampling.nonfinite_rows(logits_BxKxV)
   p_BxKxV = probs(logits_BxKxV)
   key_LxBxK = draft_keys_LxBxK(key_B, n, k)
@@ -271,11 +332,15 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
   p_BxKxLxV = p_BxKxLxV.at[:, :, 0].set(p_BxKxV)
   drafts_BxKxL = jnp.zeros((b, k, n), jnp.int32).at[:, :, 0].set(x_BxK)
 
+  widths = tree.draft_widths(k)
+
   def step(carry, inputs):
-    cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2 = carry
+    cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2, positions = carry
     t, level = inputs
     x_BxKx1 = jax.lax.dynamic_slice_in_dim(drafts_BxKxL, t - 1, 1, axis=2)
-    logits_BxKx1xV, cache = extend(params, x_BxKx1, cache)
+    # Tokens past depth t are still 0 in every path: equal paths agree up to t.
+    logits_BxKx1xV, cache, computed = call(widths, x_BxKx1, cache, tree.first_equal(drafts_BxKxL))
+    positions += computed
     bad_B |= sampling.nonfinite_rows(logits_BxKx1xV)
     p_BxKx1xV = probs(logits_BxKx1xV)
     key_BxK = jnp.take_along_axis(key_LxBxK[t], source_BxK, 1)
@@ -284,14 +349,14 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
     )
     drafts_BxKxL = jax.lax.dynamic_update_slice_in_dim(drafts_BxKxL, nxt_BxK[..., None], t, 2)
     p_BxKxLxV = jax.lax.dynamic_update_slice_in_dim(p_BxKxLxV, p_BxKx1xV, t, axis=2)
-    return (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2), None
+    return (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2, positions), None
 
-  carry = (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2)
-  (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, _), _ = jax.lax.scan(
+  carry = (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2, positions)
+  (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, _, positions), _ = jax.lax.scan(
     step, carry, (jnp.arange(1, n), jnp.asarray(levels[1:], jnp.int32).reshape(n - 1, 2))
   )
   drafts_BxKxL = jnp.take_along_axis(drafts_BxKxL, source_BxK[:, :, None], 1)
-  return Drafts(drafts_BxKxL, p_BxKxLxV, cache, bad_B)
+  return Drafts(drafts_BxKxL, p_BxKxLxV, cache, bad_B, positions)
 
 
 def iid(
@@ -305,24 +370,28 @@ def iid(
   *,
   num_drafts: int,
   draft_len: int,
+  take_tails: Callable | None = None,
 ) -> Drafts:
   """K i.i.d. draft sequences of L tokens per row (SpecTr).
 
   Args:
     extend: the draft decoder's extend call (module docstring).
     params: the draft's parameters.
-    cache: the draft's cache (K tails).
+    cache: the draft's cache (K tails, empty).
     pending_Bx2, num_pending_B: the pending tokens of each row and how many are valid.
     key_B: one key per row.
     probs: logits [..., V] -> sampling distributions (the decode's transform).
     num_drafts, draft_len: K and L (static).
+    take_tails: the decoder's `take_tails`, to compute each distinct prefix once (module
+      docstring), or None for K tails throughout.
 
   Returns:
     `Drafts`.
   """
   levels = [(1, 1)] * draft_len  # unused by `_iid`
   return _paths(_iid, _iid, levels, extend, params, cache, pending_Bx2, num_pending_B, key_B,
-                probs, num_drafts=num_drafts, draft_len=draft_len)  # fmt: skip
+                probs, num_drafts=num_drafts, draft_len=draft_len,
+                take_tails=take_tails)  # fmt: skip
 
 
 def without_replacement(
@@ -337,6 +406,7 @@ def without_replacement(
   num_drafts: int,
   draft_len: int,
   branching: tuple[int, ...] | None = None,
+  take_tails: Callable | None = None,
 ) -> Drafts:
   """A static tree of K paths per row: at depth t every node has branching[t] children,
   drawn without replacement from the draft (`distinct_tokens`, the law of Gumbel-top-k).
@@ -353,7 +423,7 @@ def without_replacement(
   Args:
     extend: the draft decoder's extend call (module docstring).
     params: the draft's parameters.
-    cache: the draft's cache (K tails).
+    cache: the draft's cache (K tails, empty).
     pending_Bx2, num_pending_B: the pending tokens of each row and how many are valid.
     key_B: one key per row.
     probs: logits [..., V] -> sampling distributions (the decode's transform).
@@ -361,21 +431,24 @@ def without_replacement(
     branching: children per node at each depth (static; `check_branching`), None for
       (K, 1, ..., 1), or `PROPORTIONAL`: each node's children and their shares of the K
       paths follow the draft's probabilities (`_proportional`).
+    take_tails: the decoder's `take_tails`, to compute each distinct prefix once (module
+      docstring), or None for K tails throughout.
 
   Returns:
     `Drafts`.
   """
   branching = default_branching(num_drafts, draft_len) if branching is None else branching
   check_branching(branching, num_drafts, draft_len)
+  run = functools.partial(_paths, extend=extend, params=params, cache=cache,
+                          pending_Bx2=pending_Bx2, num_pending_B=num_pending_B, key_B=key_B,
+                          probs=probs, num_drafts=num_drafts, draft_len=draft_len,
+                          take_tails=take_tails)  # fmt: skip
   if branching == PROPORTIONAL:
-    return _paths(_proportional, _proportional, [(1, 1)] * draft_len, extend, params, cache,
-                  pending_Bx2, num_pending_B, key_B, probs, num_drafts=num_drafts,
-                  draft_len=draft_len)  # fmt: skip
+    return run(_proportional, _proportional, [(1, 1)] * draft_len)
   levels, size = [], num_drafts
   for children in branching:
     levels.append((size, size // children))
     size //= children
   first = functools.partial(_children, max_children=branching[0])
   draw = functools.partial(_children, max_children=max(branching[1:], default=1))
-  return _paths(first, draw, levels, extend, params, cache, pending_Bx2, num_pending_B, key_B,
-                probs, num_drafts=num_drafts, draft_len=draft_len)  # fmt: skip
+  return run(first, draw, levels)

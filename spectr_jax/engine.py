@@ -241,8 +241,10 @@ def generate(
       `sharding.RULES`; it may span processes (every process passes the same inputs and
       gets the whole output).
     tree: score each round's drafts as their deduplicated token tree (one target
-      position per distinct prefix, `spectr_jax.tree`) instead of K tails: the same
-      output law for every method, fewer target positions when drafts share prefixes.
+      position per distinct prefix, `spectr_jax.tree`) instead of K tails, and draft
+      them as one too (each distinct prefix computed once per depth,
+      `spectr_jax.drafting`): the same output law for every method, fewer target and
+      draft positions when drafts share prefixes (the round's pending tokens always).
     branching: for a method whose drafting scheme draws a static tree
       (`methods.Drafting.branches`: "rrs"), the children per node at each depth, L
       integers whose product is K (e.g. (4, 2, 1, 1) for K = 8, L = 4), or "proportional"

@@ -141,6 +141,7 @@ def _stats_record(stats_list: Sequence[engine.DecodeStats], rows: Sequence[int])
     "rounds": stats.rounds_B.tolist(),
     "draft_calls": stats.draft_calls_B.tolist(),
     "target_positions": stats.positions_B.tolist(),
+    "draft_positions": stats.draft_positions_B.tolist(),
     "tokens_per_round": stats.tokens_per_round_BxL2.sum(0).tolist(),
     "reached": stats.reached_BxL1.sum(0).tolist(),
     "hits": stats.hits_BxL1.sum(0).tolist(),

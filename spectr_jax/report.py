@@ -262,15 +262,20 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     label = method.label if method else cell["method"]
     scored = [r["target_positions"] for r in members if "target_positions" in r]
     positions = sum(map(sum, scored)) if len(scored) == len(members) else None
+    drafted = [r["draft_positions"] for r in members if "draft_positions" in r]
+    draft_positions = sum(map(sum, drafted)) if len(drafted) == len(members) else None
     row = {
       "method": cell["method"],
       "label": label + variant(cell),
       "tree": bool(cell.get("tree")),
       "branching": cell.get("branching", ""),
-      # Target positions per round and emitted tokens per target position (None for
-      # records from before they were stored).
+      # Target positions per round, emitted tokens per target position and draft
+      # positions per round (None for records from before they were stored).
       "positions_per_round": None if positions is None else positions / max(rounds_ZxE.sum(), 1),
       "tokens_per_position": None if positions is None else emitted_ZxE.sum() / max(positions, 1),
+      "draft_positions_per_round": None
+      if draft_positions is None
+      else draft_positions / max(rounds_ZxE.sum(), 1),
       "K": cell["num_drafts"],
       "L": cell["draft_len"],
       "rho": cell["rho"],

@@ -100,6 +100,8 @@ RECORD_FIELDS: dict[str, Field] = {
   "draft_calls": Field("ints", "prompts"),
   # Target positions scored per prompt (issue 27: fewer with `tree`; older records lack it).
   "target_positions": Field("ints", "prompts", required=False),
+  # Draft positions computed per prompt (fewer with `tree`; older records lack it).
+  "draft_positions": Field("ints", "prompts", required=False),
   "tokens_per_round": Field("ints", "counts"),
   "reached": Field("ints", "positions"),
   "hits": Field("ints", "positions"),

@@ -1,14 +1,16 @@
 """The pieces of one decoding round of `spectr_jax.engine` (public for benchmarks).
 
 A round, for every row of the batch at once: `draft` (K sequences of L tokens from the
-draft model under `lax.scan`, keeping the distributions p), `score` (one target call on
-all K x (L + 1) positions, or on the distinct prefixes of their token tree, giving q),
+draft model under `lax.scan`, keeping the distributions p; with a tree, each distinct
+prefix computed once per depth), `score` (one target call on all K x (L + 1) positions,
+or on the distinct prefixes of their token tree, giving q),
 `verify_rows` (the block walk of `verify.walk` per row) and the commit of the accepted
 tokens to both caches (`run_round` runs all of them).
 `init_state` prefills the caches. Everything here runs inside the engine's jitted
 `lax.while_loop`; `DecodeSpec` is static, `Traced` holds the traced settings. The models
 are reached through the decoder protocol only (`spectr_jax.models.decoder`: init_cache,
-prefill, extend or extend_tree, commit or commit_nodes), whatever their family.
+prefill, extend (and take_tails) or extend_tree, commit or commit_nodes), whatever their
+family.
 """
 
 import dataclasses
@@ -83,6 +85,9 @@ class DecodeStats:
     per round for tails; the nodes of the round's token tree with `tree`).
   positions_B: target positions computed, summed over rounds (K * (L + 1) for tails; the
     compiled tree size a round used with `tree`).
+  draft_positions_B: draft positions computed, summed over rounds (K * (L + 1) for tails:
+    two pending tokens, then L - 1 steps; with `tree`, each distinct prefix once, on the
+    compiled widths of `tree.draft_widths`).
   """
 
   rounds_B: jax.Array
@@ -99,6 +104,7 @@ class DecodeStats:
   nonfinite_draft_B: jax.Array
   nodes_B: jax.Array
   positions_B: jax.Array
+  draft_positions_B: jax.Array
 
   @property
   def block_efficiency(self) -> jax.Array:
@@ -140,10 +146,11 @@ def probs(spec: DecodeSpec, logits_AxV, traced: Traced):
 
 
 def draft(spec, params, cache, state, key_B, traced):
-  """The method's drafting scheme (`methods.DRAFTING`) on the draft model:
-  (drafts_BxKxL, p_BxKxLxV, cache, nonfinite_B)."""
+  """The method's drafting scheme (`methods.DRAFTING`) on the draft model: its
+  `drafting.Drafts` (tokens_BxKxL, p_BxKxLxV, cache, nonfinite_B, positions). A round
+  that scores a tree drafts it too: each distinct prefix computed once per depth."""
   scheme = methods.resolve(methods.DRAFTING[methods.get(spec.method).drafting].draft)
-  drafts = scheme(
+  return scheme(
     spec.draft.extend,
     params,
     cache,
@@ -153,9 +160,9 @@ def draft(spec, params, cache, state, key_B, traced):
     functools.partial(probs, spec, traced=traced),
     num_drafts=spec.num_drafts,
     draft_len=spec.draft_len,
+    take_tails=spec.draft.take_tails if spec.scores_tree else None,
     **({} if spec.branching is None else {"branching": spec.branching}),
   )
-  return drafts.tokens_BxKxL, drafts.p_BxKxLxV, drafts.cache, drafts.nonfinite_B
 
 
 def verify_rows(spec, key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced):
@@ -292,7 +299,7 @@ def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, path_no
 
 
 def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, bad_B, draft_bad_B,
-           active_B, scored: Scored):  # fmt: skip
+           active_B, scored: Scored, draft_positions):  # fmt: skip
   """The statistics after a round (see `DecodeStats`)."""
   live_B, emit_B = emitted.live_B, emitted.emit_B
   counted_BxL1 = live_B[:, None] & (jnp.arange(spec.round_width) < emit_B[:, None])
@@ -312,6 +319,7 @@ def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, ba
     nonfinite_draft_B=s.nonfinite_draft_B + (active_B & draft_bad_B),
     nodes_B=s.nodes_B + jnp.where(live_B, scored.nodes_B, 0),
     positions_B=s.positions_B + jnp.where(live_B, scored.positions, 0),
+    draft_positions_B=s.draft_positions_B + jnp.where(live_B, draft_positions, 0),
   )
 
 
@@ -338,12 +346,13 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
     draft_key_B, verify_key_B = key_Bx2[:, 0], key_Bx2[:, 1]
   if spec.draft_len > 0:
     with jax.named_scope("draft"):
-      drafts_BxKxL, p_BxKxLxV, draft_cache, bad_B = draft(
-        spec, draft_params, state.draft_cache, state, draft_key_B, traced
-      )
+      drafts = draft(spec, draft_params, state.draft_cache, state, draft_key_B, traced)
+    drafts_BxKxL, p_BxKxLxV, draft_cache = drafts.tokens_BxKxL, drafts.p_BxKxLxV, drafts.cache
+    bad_B, draft_positions = drafts.nonfinite_B, drafts.positions
   else:
     drafts_BxKxL = jnp.zeros((b, k, 0), jnp.int32)
     p_BxKxLxV, draft_cache, bad_B = None, state.draft_cache, jnp.zeros((b,), bool)
+    draft_positions = jnp.int32(0)
   with jax.named_scope("score"):
     scored = score(spec, target_params, state.target_cache, state.last_B, drafts_BxKxL, traced)
     q_BxKxL1xV, target_cache, target_bad_B = scored.q_BxKxL1xV, scored.cache, scored.nonfinite_B
@@ -373,7 +382,9 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
       emitted.live_B,
     )
   with jax.named_scope("stats"):
-    stats = _count(spec, state.stats, emitted, block, bad_B, draft_bad_B, active_B, scored)
+    stats = _count(
+      spec, state.stats, emitted, block, bad_B, draft_bad_B, active_B, scored, draft_positions
+    )
   return State(
     rounds_B=state.rounds_B + active_B,
     done_B=done_B,
@@ -434,5 +445,6 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
       nonfinite_draft_B=zeros_B,
       nodes_B=zeros_B,
       positions_B=zeros_B,
+      draft_positions_B=zeros_B,
     ),
   )

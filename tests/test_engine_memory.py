@@ -11,18 +11,24 @@ from spectr_jax import engine, memory, methods, optimal, rounds
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 
 V = 1024
-# (method, B, K, L, new tokens, prompt width): three sizes, three kinds of verifier.
-SIZES = [("sd", 2, 1, 4, 24, 8), ("kseq", 4, 4, 3, 40, 8), ("gbv", 3, 2, 5, 60, 16)]
+# (method, B, K, L, new tokens, prompt width, tree): three sizes, three kinds of verifier,
+# and a tree round (its draft's distinct prefixes and target's node sizes under lax.switch).
+SIZES = [
+  ("sd", 2, 1, 4, 24, 8, False),
+  ("kseq", 4, 4, 3, 40, 8, False),
+  ("gbv", 3, 2, 5, 60, 16, False),
+  ("kseq", 4, 4, 3, 40, 8, True),
+]
 
 
-def _compile(options, method, b, k, draft_len, n, width):
+def _compile(options, method, b, k, draft_len, n, width, tree):
   """The compiled engine program (with XLA's default CPU build: `options`, the fixture
   `xla_default_build`) and the (draft, target) configs with max_len = S."""
   s = width + n + draft_len + 1
   configs = [get_model_config(name, V, max_len=s) for name in ("draft-test", "target-test")]
   draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
   spec = engine.DecodeSpec(
-    method, k, draft_len, n, None, False, "star", draft.config, target.config
+    method, k, draft_len, n, None, False, "star", draft.config, target.config, tree=tree
   )
   traced = rounds.Traced(
     jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
@@ -32,7 +38,7 @@ def _compile(options, method, b, k, draft_len, n, width):
   return lowered.compile(options), configs
 
 
-@pytest.fixture(scope="module", params=SIZES, ids=[s[0] for s in SIZES])
+@pytest.fixture(scope="module", params=SIZES, ids=[s[0] + "-tree" * s[-1] for s in SIZES])
 def program(request, xla_default_build):
   return request.param, *_compile(xla_default_build, *request.param)
 
@@ -47,7 +53,7 @@ def _plan_bytes(k):
 
 @pytest.mark.slow
 def test_peak_memory_per_row_matches_the_formula(program):
-  (method, b, k, draft_len, n, width), compiled, configs = program
+  (method, b, k, draft_len, n, width, _), compiled, configs = program
   s, one = width + n + draft_len + 1, memory.abstract_mesh(1, 1)
   # docs/PERFORMANCE.md (spectr_jax.memory): both caches (a prefix of S and K tails of
   # L + 1) plus two K(L + 1) x V and two K L x V float32 arrays; the block-level verifiers
@@ -62,7 +68,7 @@ def test_peak_memory_per_row_matches_the_formula(program):
 
 @pytest.mark.slow
 def test_round_has_no_full_cache_copy(program):
-  (_, b, _, draft_len, n, width), compiled, configs = program
+  (_, b, _, draft_len, n, width, _), compiled, configs = program
   s = width + n + draft_len + 1
   text = compiled.as_text()
   # Prefixes only: the tails are written in place too, but the commit gathers each row's

@@ -259,13 +259,17 @@ def test_tree_cells_decode_the_tails_tokens_on_fewer_target_positions(pair, tmp_
     assert "tree" not in a["cell"]
     assert (a["emitted"], a["rounds"]) == (b["emitted"], b["rounds"])
     scored = [sum(r["target_positions"]) for r in (a, b)]
+    drafted = [sum(r["draft_positions"]) for r in (a, b)]
     if a["cell"]["draft_len"]:
       assert b["cell"]["tree"] is True and a["key"] != b["key"] and scored[1] < scored[0]
+      assert drafted[1] < drafted[0]  # the pending tokens once, not once per tail
     else:
-      assert b["key"] == a["key"] and scored[1] == scored[0]
+      assert b["key"] == a["key"] and scored[1] == scored[0] and drafted == [0, 0]
   rows = {r["label"]: r for r in report.summarize(before + after[2:])}
   assert rows["kseq (tree)"]["tree"] and not rows["kseq"]["tree"]
   assert rows["kseq (tree)"]["positions_per_round"] < rows["kseq"]["positions_per_round"] == 6
+  tree_drafted = rows["kseq (tree)"]["draft_positions_per_round"]
+  assert tree_drafted < rows["kseq"]["draft_positions_per_round"] == 6
   assert rows["kseq (tree)"]["block_efficiency"] == rows["kseq"]["block_efficiency"]
   assert rows["kseq (tree)"]["speedup"] is not None  # over the shared autoregressive cells
 

@@ -48,6 +48,7 @@ _EXPORTS = {
   "register_family": "families",
   "reset_tails": "cache",
   "rollback": "cache",
+  "take_tails": "cache",
 }
 
 __all__ = sorted(_EXPORTS)

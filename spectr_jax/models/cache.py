@@ -153,6 +153,33 @@ def commit_nodes(cache: KVCache, slots_BxW: jax.Array, num_B: jax.Array) -> KVCa
   return _append(cache, take, slots_BxW.astype(jnp.int32), num_B)
 
 
+def take_tails(cache: KVCache, tails_BxW: jax.Array) -> KVCache:
+  """The cache whose tail j of row b is tail `tails_BxW[b, j]` of `cache` (entries and
+  length); the prefix is shared, not copied.
+
+  W may be below K (a subset: the distinct tails of a round's draft tree, computed once
+  by `extend`) or any width (W = K with repeated indices spreads each computed tail back
+  to the tails that hold the same sequence: `spectr_jax.drafting`). The cost is a gather
+  of B * W tails of R entries per layer, independent of S.
+
+  Args:
+    cache: the cache.
+    tails_BxW: int tail indices in [0, K).
+
+  Returns:
+    A cache of W tails per row.
+  """
+  index_BxW = tails_BxW.astype(jnp.int32)
+  take = lambda tail_YxBxKxRxHkxDh: jnp.take_along_axis(
+    tail_YxBxKxRxHkxDh, index_BxW[None, :, :, None, None, None], axis=2
+  )
+  return cache.replace(
+    tail_k=take(cache.tail_k),
+    tail_v=take(cache.tail_v),
+    tail_len=jnp.take_along_axis(cache.tail_len, index_BxW, axis=1),
+  )
+
+
 def rollback(cache: KVCache, new_len_B: jax.Array) -> KVCache:
   """Shortens each row's prefix to at most `new_len_B[b]` entries and empties the tails.
 

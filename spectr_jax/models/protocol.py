@@ -3,9 +3,9 @@
 A `Decoder` is static (hashable, no arrays: it lives in the engine's static `DecodeSpec`
 and crosses jit as a static argument); parameters and caches are passed in and returned.
 `decoder(config)` gives the decoder of a config, whatever its family: the round never
-names a model class. `extend` is the drafting seam's call (`spectr_jax.drafting`);
-`extend_tree` and `commit_nodes` score and keep a token tree (docs/CACHE.md, "Token
-trees"; there N is the number of tree nodes).
+names a model class. `extend` and `take_tails` are the drafting seam's calls
+(`spectr_jax.drafting`); `extend_tree` and `commit_nodes` score and keep a token tree
+(docs/CACHE.md, "Token trees"; there N is the number of tree nodes).
 """
 
 import dataclasses
@@ -69,6 +69,11 @@ class Decoder(Protocol):
 
   def commit(self, cache: KVCache, tail_B: jax.Array, num_B: jax.Array) -> KVCache:
     """Appends the first num_B[b] entries of tail tail_B[b] to each row's prefix."""
+
+  def take_tails(self, cache: KVCache, tails_BxW: jax.Array) -> KVCache:
+    """The cache whose tail j of row b is tail tails_BxW[b, j] (W tails, prefix shared):
+    the drafting seam computes each distinct draft prefix once with it (`extend` on the
+    distinct tails, then their entries spread back to the tails that share them)."""
 
   def extend_tree(
     self,
@@ -148,6 +153,9 @@ class TransformerDecoder:
 
   def commit(self, cache: KVCache, tail_B: jax.Array, num_B: jax.Array) -> KVCache:
     return cache_lib.commit(cache, tail_B, num_B)
+
+  def take_tails(self, cache: KVCache, tails_BxW: jax.Array) -> KVCache:
+    return cache_lib.take_tails(cache, tails_BxW)
 
   def extend_tree(
     self,
