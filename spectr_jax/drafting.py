@@ -13,14 +13,14 @@ the verifier needs. The method registry (`spectr_jax.methods.DRAFTING`) names th
 of each method; `rounds.draft` calls it.
 
 With `take_tails` (the decoder's (cache, tails_BxW) -> cache of those W tails) the draft
-computes each distinct prefix once per depth (`tree=True` rounds): the K tails are empty
-when a round's drafting starts, so the opening call (the pending tokens, the same for
-every tail) runs on one tail; at each later depth the tails whose paths agree so far
-share one computation, on the smallest of `tree.draft_widths(K)` tails that holds every
-row's distinct prefixes (chosen per depth with `lax.switch`), and the computed tails'
-entries and logits are spread back to the tails that share them. Every tail ends with
-the entries and p its own path gives, so the drafts' law does not change; tails of one
-prefix get bit-identical p.
+computes each prefix that every draw of the scheme shares once (`tree=True` rounds): the
+K tails are empty when a round's drafting starts, so the opening call (the pending
+tokens, the same for every tail) runs on one tail, and where a static tree's nodes hold
+several tails (branching (4, 2, 1, 1): 4 nodes at depth 1), one tail per node computes
+and the others take its entries and logits. The widths are static (a `lax.scan` per run
+of depths of one width), so a round pays for no control flow; prefixes that coincide by
+chance (i.i.d. paths, the proportional tree's shapes) are computed per tail. Every tail
+ends with the entries and p its own path gives, so the drafts' law does not change.
 
 Schemes here:
   iid: K i.i.d. sequences of L tokens (SpecTr), one cache tail per draft.
@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import sampling, tree
+from spectr_jax import sampling
 
 __all__ = [
   "Drafts",
@@ -70,7 +70,7 @@ class Drafts(NamedTuple):
     draft is never fed: the round's commit appends it when it is accepted).
   nonfinite_B: rows whose draft logits were not finite anywhere.
   positions: the draft positions computed per row (int32 scalar): K (L + 1) on tails
-    (two pending tokens, then L - 1 steps of K), fewer with `take_tails`.
+    (two pending tokens, then L - 1 steps of K), fewer with `take_tails` (static).
 
   Tails are the structure: draft k is the path of tail k (paths may share prefixes).
   """
@@ -250,39 +250,33 @@ def _proportional(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2):
   return pick(x_BxKxJ), source_BxK, block_BxKx2
 
 
-def _extend_distinct(extend: Callable, take_tails: Callable, params, widths: tuple[int, ...],
-                     tokens_BxKxT, cache, first_BxK, num_new_B=None, logits_at_B=None):  # fmt: skip
-  """`extend` on each distinct tail once: tail k holds the same sequence as tail
-  first_BxK[k] (its first equal, `tree.first_equal`), before and after these tokens.
+def _extend_shared(extend: Callable, take_tails: Callable | None, params, size: int,
+                   tokens_BxKxT, cache, *args):  # fmt: skip
+  """`extend` on K tails that form nodes of `size` consecutive tails holding the same
+  sequence (before and after these tokens; static): the first tail of each node computes
+  and the others take its entries and logits (`take_tails`). Size 1 (or no
+  `take_tails`): every tail computes its own. Returns (logits for all K tails, the K-tail
+  cache, the positions computed per row: an int)."""
+  b, k, t = tokens_BxKxT.shape
+  if take_tails is None or size == 1:
+    logits, cache = extend(params, tokens_BxKxT, cache, *args)
+    return logits, cache, k * t
+  first_W = jnp.arange(0, k, size)
+  node_BxK = jnp.broadcast_to(jnp.arange(k) // size, (b, k))
+  cache = take_tails(cache, jnp.broadcast_to(first_W, (b, first_W.size)))
+  logits, cache = extend(params, tokens_BxKxT[:, first_W], cache, *args)
+  return logits[:, node_BxK[0]], take_tails(cache, node_BxK), first_W.size * t
 
-  The distinct tails (first_BxK[k] = k), in tail order, are taken into a cache of w tails
-  (`take_tails`; w the smallest of `widths` that holds every row's count, rows with fewer
-  padded with copies), extended, and spread back: tail k gets the entries and logits of
-  its first equal. Returns (logits for all K tails, the K-tail cache, positions computed
-  per row).
-  """
-  k, t = tokens_BxKxT.shape[1:]
-  new_BxK = first_BxK == jnp.arange(k)
-  order_BxK = jnp.argsort(~new_BxK, axis=1, stable=True)  # the distinct tails first
-  slot_BxK = jnp.take_along_axis(jnp.cumsum(new_BxK, axis=1) - 1, first_BxK, axis=1)
-  spread = jax.vmap(lambda a_WxA, slot_K: a_WxA[slot_K])
 
-  def branch(w):
-    def run(cache):
-      tails_BxW = order_BxK[:, :w]
-      tokens_BxWxT = jnp.take_along_axis(tokens_BxKxT, tails_BxW[..., None], axis=1)
-      logits, cache = extend(params, tokens_BxWxT, take_tails(cache, tails_BxW), num_new_B,
-                             logits_at_B)  # fmt: skip
-      return spread(logits, slot_BxK), take_tails(cache, slot_BxK)
-
-    return run
-
-  if len(widths) == 1:
-    logits, cache = branch(widths[0])(cache)
-    return logits, cache, jnp.int32(widths[0] * t)
-  bucket = tree.bucket_index(jnp.sum(new_BxK, axis=1), widths)
-  logits, cache = jax.lax.switch(bucket, [branch(w) for w in widths], cache)
-  return logits, cache, jnp.asarray(widths, jnp.int32)[bucket] * t
+def _runs(sizes: list[int]) -> list[tuple[int, int, int]]:
+  """Consecutive equal entries of `sizes` as (start, stop, size)."""
+  runs = []
+  for i, size in enumerate(sizes):
+    if runs and runs[-1][2] == size:
+      runs[-1] = (runs[-1][0], i + 1, size)
+    else:
+      runs.append((i, i + 1, size))
+  return runs
 
 
 def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pending_Bx2,
@@ -292,34 +286,25 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
 
   `first` (depth 0) and `draw` (the later depths), (key_BxK, p_BxKxV, source_BxK, level,
   block_BxKx2) -> (x_BxK, source_BxK, block_BxKx2), draw every tail's token at one depth
-  (level = levels[t]: Python ints at depth 0, traced after; block_BxKx2: each tail's
+  (level = levels[t] = (tails per node, tails per child) of a static tree, (1, 1) where
+  the scheme has none: Python ints at depth 0, traced after; block_BxKx2: each tail's
   node as (first tail, tails), carried for `_proportional`, all K tails at the root) and
-  name the
-  tail each one copies (itself, or a tail of an earlier subtree with the same tokens);
-  a copying tail continues with its source's keys, so it draws the same tokens, and its
-  tokens are set to the source's at the end (the verifier's view never depends on two
-  tails computing bit-identical logits). The commit takes the first agreeing tail, never
-  a copy of an earlier one.
+  name the tail each one copies (itself, or a tail of an earlier subtree with the same
+  tokens); a copying tail continues with its source's keys, so it draws the same tokens,
+  and its tokens are set to the source's at the end (the verifier's view never depends
+  on two tails computing bit-identical logits). The commit takes the first agreeing
+  tail, never a copy of an earlier one.
 
   The pending tokens (1 or 2 per row: what the draft has not seen of the emitted text)
   open every tail, and only the last one's logits are computed; L - 1 steps under
-  `lax.scan` follow, each writing its p in place into p_BxKxLxV. With `take_tails` each
-  distinct prefix is computed once (`_extend_distinct`; module docstring).
+  `lax.scan` follow, each writing its p in place into p_BxKxLxV. With `take_tails` the
+  opening runs on one tail and step t on one tail per node of levels[t] (a scan per run
+  of steps of one node size: `_extend_shared`; module docstring).
   """
   b, k, n = pending_Bx2.shape[0], num_drafts, draft_len
-  if take_tails is None:
-
-    def call(widths, tokens_BxKxT, cache, first_BxK, *args):
-      del widths, first_BxK
-      logits, cache = extend(params, tokens_BxKxT, cache, *args)
-      return logits, cache, jnp.int32(tokens_BxKxT[0].size)
-
-  else:
-    call = functools.partial(_extend_distinct, extend, take_tails, params)
+  call = functools.partial(_extend_shared, extend, take_tails, params)
   tokens_BxKx2 = jnp.broadcast_to(pending_Bx2[:, None, :], (b, k, 2))
-  logits_BxKxV, cache, positions = call(
-    (1,), tokens_BxKx2, cache, jnp.zeros((b, k), jnp.int32), num_pending_B, num_pending_B - 1
-  )
+  logits_BxKxV, cache, positions = call(k, tokens_BxKx2, cache, num_pending_B, num_pending_B - 1)
   bad_B = sampling.nonfinite_rows(logits_BxKxV)
   p_BxKxV = probs(logits_BxKxV)
   key_LxBxK = draft_keys_LxBxK(key_B, n, k)
@@ -332,15 +317,11 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
   p_BxKxLxV = p_BxKxLxV.at[:, :, 0].set(p_BxKxV)
   drafts_BxKxL = jnp.zeros((b, k, n), jnp.int32).at[:, :, 0].set(x_BxK)
 
-  widths = tree.draft_widths(k)
-
-  def step(carry, inputs):
-    cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2, positions = carry
+  def step(size, carry, inputs):
+    cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2 = carry
     t, level = inputs
     x_BxKx1 = jax.lax.dynamic_slice_in_dim(drafts_BxKxL, t - 1, 1, axis=2)
-    # Tokens past depth t are still 0 in every path: equal paths agree up to t.
-    logits_BxKx1xV, cache, computed = call(widths, x_BxKx1, cache, tree.first_equal(drafts_BxKxL))
-    positions += computed
+    logits_BxKx1xV, cache, _ = call(size, x_BxKx1, cache)
     bad_B |= sampling.nonfinite_rows(logits_BxKx1xV)
     p_BxKx1xV = probs(logits_BxKx1xV)
     key_BxK = jnp.take_along_axis(key_LxBxK[t], source_BxK, 1)
@@ -349,14 +330,18 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
     )
     drafts_BxKxL = jax.lax.dynamic_update_slice_in_dim(drafts_BxKxL, nxt_BxK[..., None], t, 2)
     p_BxKxLxV = jax.lax.dynamic_update_slice_in_dim(p_BxKxLxV, p_BxKx1xV, t, axis=2)
-    return (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2, positions), None
+    return (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2), None
 
-  carry = (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2, positions)
-  (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, _, positions), _ = jax.lax.scan(
-    step, carry, (jnp.arange(1, n), jnp.asarray(levels[1:], jnp.int32).reshape(n - 1, 2))
-  )
+  carry = (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2)
+  t_A, level_Ax2 = jnp.arange(1, n), jnp.asarray(levels[1:], jnp.int32).reshape(n - 1, 2)
+  sizes = [level[0] if take_tails is not None else 1 for level in levels[1:]]
+  for start, stop, size in _runs(sizes):
+    steps = t_A[start:stop], level_Ax2[start:stop]
+    carry, _ = jax.lax.scan(functools.partial(step, size), carry, steps)
+    positions += (stop - start) * k // size
+  cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, _ = carry
   drafts_BxKxL = jnp.take_along_axis(drafts_BxKxL, source_BxK[:, :, None], 1)
-  return Drafts(drafts_BxKxL, p_BxKxLxV, cache, bad_B, positions)
+  return Drafts(drafts_BxKxL, p_BxKxLxV, cache, bad_B, jnp.int32(positions))
 
 
 def iid(
@@ -382,7 +367,7 @@ def iid(
     key_B: one key per row.
     probs: logits [..., V] -> sampling distributions (the decode's transform).
     num_drafts, draft_len: K and L (static).
-    take_tails: the decoder's `take_tails`, to compute each distinct prefix once (module
+    take_tails: the decoder's `take_tails`, to compute each shared prefix once (module
       docstring), or None for K tails throughout.
 
   Returns:
@@ -431,7 +416,7 @@ def without_replacement(
     branching: children per node at each depth (static; `check_branching`), None for
       (K, 1, ..., 1), or `PROPORTIONAL`: each node's children and their shares of the K
       paths follow the draft's probabilities (`_proportional`).
-    take_tails: the decoder's `take_tails`, to compute each distinct prefix once (module
+    take_tails: the decoder's `take_tails`, to compute each shared prefix once (module
       docstring), or None for K tails throughout.
 
   Returns:

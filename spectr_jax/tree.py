@@ -115,25 +115,6 @@ def node_buckets(num_drafts: int, draft_len: int, num_sizes: int = 4) -> tuple[i
 
 
 def bucket_index(num_nodes_B: jax.Array, sizes: tuple[int, ...]) -> jax.Array:
-  """The index of the smallest size that holds every row's tree (or every row's distinct
-  tails, with `draft_widths`): int32 scalar."""
+  """The index of the smallest size that holds every row's tree (int32 scalar)."""
   need = jnp.max(num_nodes_B)
   return jnp.sum(jnp.asarray(sizes) < need).astype(jnp.int32)
-
-
-def draft_widths(num_drafts: int) -> tuple[int, ...]:
-  """The tail counts one depth of the draft is compiled for when each distinct prefix is
-  computed once (`drafting`, `take_tails`): 1 (every path the same: temperature 0, a
-  confident draft), ceil(K / 4), ceil(K / 2) and K; a depth pays for the smallest that
-  holds every row's distinct prefixes (`bucket_index`)."""
-  if num_drafts < 1:
-    raise ValueError(f"num_drafts must be >= 1, got {num_drafts}")
-  return tuple(sorted({1, -(-num_drafts // 4), -(-num_drafts // 2), num_drafts}))
-
-
-def first_equal(paths_BxKxA: jax.Array) -> jax.Array:
-  """For each path, the first path of its row with the same tokens (B x K int32; a
-  path that equals no earlier one is its own): the tail whose computation a draft step
-  shares."""
-  same_BxKxK = jnp.all(paths_BxKxA[:, :, None, :] == paths_BxKxA[:, None, :, :], axis=-1)
-  return jnp.argmax(same_BxKxK, axis=2).astype(jnp.int32)

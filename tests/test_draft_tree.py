@@ -1,24 +1,24 @@
-"""The draft of a tree round: each distinct prefix computed once per depth (issue 27).
+"""The draft of a tree round: each shared prefix computed once (issue 27).
 
 Every drafting scheme run with the decoder's `take_tails` (`tree=True` rounds) against
 the same scheme on K tails: the same tokens, the same p and the same cache tails within
-float32 rounding, and the positions the round pays for (two pending tokens once, then at
-each depth the smallest of `tree.draft_widths` that holds every row's distinct
-prefixes), counted here from the drafted tokens. On the PaLM test models (i.i.d. paths
-that share prefixes, a static tree, the proportional tree, greedy drafts), every Hugging
-Face family (sliding windows that bite, soft-caps) and a (data, model) mesh. Two broken
-variants, every tail given tail 0's computation and tails shared on their first token
-only, miss the K-tail draft by far more than the tolerance.
+float32 rounding, and the positions the round pays for (the pending tokens once, then per
+depth one tail per node of a static tree, K elsewhere). On the PaLM test models (i.i.d.
+paths, static trees, the proportional tree, greedy drafts), every Hugging Face family
+(sliding windows that bite, soft-caps) and a (data, model) mesh. Two broken variants,
+every tail given tail 0's computation and a static tree's nodes taken twice as wide,
+miss the K-tail draft by far more than the tolerance.
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import drafting, sampling, sharding, tree
+from spectr_jax import drafting, sampling, sharding
 from spectr_jax.models import decoder, load_pretrained, take_tails
 from tests import hf_checkpoints, test_models
 
@@ -54,41 +54,49 @@ def _run(model, params, inputs, scheme, temperature, take):
   return run(params, **inputs)
 
 
-def _positions(tokens_BxKxL) -> int:
-  """What the distinct draft pays: the pending tokens once, then per depth t < L the
-  smallest compiled width that holds every row's distinct prefixes of t tokens."""
-  tokens_BxKxL = np.asarray(tokens_BxKxL)
-  widths = tree.draft_widths(K)
+def _positions(branching) -> int:
+  """What the shared draft pays per row: the pending tokens once, then per depth t < L
+  one tail per node of a static tree (the product of its first t branchings), else K."""
   total = 2
   for t in range(1, L):
-    need = max(len({tuple(path[:t]) for path in row}) for row in tokens_BxKxL)
-    total += min(w for w in widths if w >= need)
+    total += K if not isinstance(branching, tuple) else math.prod(branching[:t])
   return total
 
 
-def _check(full, distinct, atol=ATOL):
-  """The distinct draft equals the K-tail draft: tokens, p, cache tails and lengths."""
-  np.testing.assert_array_equal(distinct.tokens_BxKxL, full.tokens_BxKxL)
-  np.testing.assert_allclose(distinct.p_BxKxLxV, full.p_BxKxLxV, rtol=0, atol=atol)
-  np.testing.assert_array_equal(distinct.cache.tail_len, full.cache.tail_len)
-  np.testing.assert_array_equal(distinct.cache.prefix_len, full.cache.prefix_len)
+def _check(full, shared, branching=None, atol=ATOL):
+  """The shared draft equals the K-tail draft: tokens, p, cache tails and lengths."""
+  np.testing.assert_array_equal(shared.tokens_BxKxL, full.tokens_BxKxL)
+  np.testing.assert_allclose(shared.p_BxKxLxV, full.p_BxKxLxV, rtol=0, atol=atol)
+  np.testing.assert_array_equal(shared.cache.tail_len, full.cache.tail_len)
+  np.testing.assert_array_equal(shared.cache.prefix_len, full.cache.prefix_len)
   # Slots past a tail's length are stale (never attended): compared where valid.
   valid_BxKxR = np.arange(full.cache.R) < np.asarray(full.cache.tail_len)[..., None]
   assert valid_BxKxR.any(-1).all()
   for name in ("tail_k", "tail_v"):
-    got, want = (np.asarray(getattr(c.cache, name)) for c in (distinct, full))
+    got, want = (np.asarray(getattr(c.cache, name)) for c in (shared, full))
     np.testing.assert_allclose(got[:, valid_BxKxR], want[:, valid_BxKxR], rtol=0, atol=atol)
   assert int(full.positions) == K * (L + 1)
-  assert int(distinct.positions) == _positions(full.tokens_BxKxL) < K * (L + 1)
+  assert int(shared.positions) == _positions(branching) < K * (L + 1)
 
 
-_SCHEMES = {
-  "iid": (drafting.iid, 0.5),
-  "iid_greedy": (drafting.iid, 0.0),
-  "wor_2_2_1_1": (functools.partial(drafting.without_replacement, branching=(2, 2, 1, 1)), 1.0),
+_SCHEMES = {  # name: (scheme, temperature, branching)
+  "iid": (drafting.iid, 0.5, None),
+  "iid_greedy": (drafting.iid, 0.0, None),
+  "wor": (drafting.without_replacement, 1.0, None),
+  "wor_2_2_1_1": (
+    functools.partial(drafting.without_replacement, branching=(2, 2, 1, 1)),
+    1.0,
+    (2, 2, 1, 1),
+  ),
+  "wor_1_2_1_2": (
+    functools.partial(drafting.without_replacement, branching=(1, 2, 1, 2)),
+    0.5,
+    (1, 2, 1, 2),
+  ),
   "proportional": (
     functools.partial(drafting.without_replacement, branching=drafting.PROPORTIONAL),
     0.5,
+    None,
   ),
 }
 
@@ -100,39 +108,33 @@ def _palm():
 
 
 @pytest.mark.parametrize("name", sorted(_SCHEMES))
-def test_distinct_draft_equals_the_draft_on_k_tails(name):
-  """i.i.d. paths at temperature 0.5 share prefixes at some depths (fewer widths than
-  K), greedy paths all agree (width 1), the (2, 2, 1, 1) tree has 2 nodes at depth 1,
-  the proportional tree a shape of its own; wide or narrow, each is the K-tail draft."""
+def test_shared_draft_equals_the_draft_on_k_tails(name):
+  """i.i.d. paths (sampled and greedy), the default tree without replacement, the
+  proportional tree (the opening shared), and static trees whose nodes hold 2 or 4
+  tails at some depths (one computed per node): each is the K-tail draft."""
   model, params = _palm()
-  scheme, temperature = _SCHEMES[name]
+  scheme, temperature, branching = _SCHEMES[name]
   inputs = _inputs(test_models.VOCAB)
   full = _run(model, params, inputs, scheme, temperature, None)
-  distinct = _run(model, params, inputs, scheme, temperature, model.take_tails)
-  _check(full, distinct)
-  if name == "iid_greedy":
-    assert int(distinct.positions) == 2 + (L - 1)
+  shared = _run(model, params, inputs, scheme, temperature, model.take_tails)
+  _check(full, shared, branching)
 
 
-_first_equal = tree.first_equal
+_runs = drafting._runs
 
 
-def _first_token_only(paths_BxKxA):
-  return _first_equal(paths_BxKxA[..., :1])
-
-
-@pytest.mark.parametrize("variant", ["tail_0_for_all", "first_token_only"])
-def test_a_broken_distinct_draft_misses_the_draft_on_k_tails(variant, monkeypatch):
-  """The check the distinct draft passes fails on each broken variant."""
+@pytest.mark.parametrize("variant", ["tail_0_for_all", "nodes_twice_as_wide"])
+def test_a_broken_shared_draft_misses_the_draft_on_k_tails(variant, monkeypatch):
+  """The check the shared draft passes fails on each broken variant."""
   model, params = _palm()
-  scheme, temperature = _SCHEMES["iid"]
+  scheme, temperature, _ = _SCHEMES["wor_2_2_1_1"]
   inputs = _inputs(test_models.VOCAB)
   full = _run(model, params, inputs, scheme, temperature, None)
   take = model.take_tails
   if variant == "tail_0_for_all":
     take = lambda cache, tails_BxW: take_tails(cache, jnp.zeros_like(tails_BxW))  # noqa: E731
   else:
-    monkeypatch.setattr(tree, "first_equal", _first_token_only)
+    monkeypatch.setattr(drafting, "_runs", lambda sizes: _runs([min(2 * s, K) for s in sizes]))
   broken = _run(model, params, inputs, scheme, temperature, take)
   error = np.abs(np.asarray(broken.p_BxKxLxV) - np.asarray(full.p_BxKxLxV)).max()
   assert error > 10 * ATOL, error
@@ -153,17 +155,6 @@ def test_take_tails_selects_spreads_and_shares_the_prefix():
       np.testing.assert_array_equal(getattr(got, name), getattr(cache, name))
 
 
-def test_first_equal_and_the_draft_widths():
-  paths_BxKxA = jnp.asarray([[[1, 2], [1, 3], [1, 2], [0, 0]], [[5, 5], [5, 5], [5, 5], [5, 5]]])
-  np.testing.assert_array_equal(tree.first_equal(paths_BxKxA), [[0, 1, 0, 3], [0, 0, 0, 0]])
-  assert tree.draft_widths(1) == (1,)
-  assert tree.draft_widths(4) == (1, 2, 4)
-  assert tree.draft_widths(8) == (1, 2, 4, 8)
-  assert tree.draft_widths(16) == (1, 4, 8, 16)
-  with pytest.raises(ValueError, match="num_drafts"):
-    tree.draft_widths(0)
-
-
 # Gemma 2 (soft-caps, alternating windows) and Mistral (a window that bites) in the fast
 # tier; the other families with --runslow.
 @pytest.mark.parametrize(
@@ -173,10 +164,11 @@ def test_first_equal_and_the_draft_widths():
     for f in [*hf_checkpoints.FAMILIES, "mistral"]
   ],
 )
-def test_every_family_drafts_each_distinct_prefix_once(family, tmp_path):
+def test_every_family_drafts_each_shared_prefix_once(family, tmp_path):
   """Llama (llama3 rope scaling), Qwen2 (biases), Gemma, Gemma 2 (soft-caps, a window of
   4 on the even layers), GPT-2 (learned positions) and Mistral (a window of 2 on every
-  layer, shorter than the draft): the distinct i.i.d. draft is the K-tail draft."""
+  layer, shorter than the draft): the shared draft of a (2, 2, 1, 1) tree is the K-tail
+  draft."""
   if family == "mistral":
     config = hf_checkpoints.tiny_config("llama", model_type="mistral", sliding_window=2)
     hf_checkpoints.write_checkpoint(tmp_path, "llama", config, tokenizer=False)
@@ -185,23 +177,22 @@ def test_every_family_drafts_each_distinct_prefix_once(family, tmp_path):
   bundle = load_pretrained(tmp_path)
   model = decoder(bundle.config)
   inputs = _inputs(bundle.config.vocab_size, seed=1)
-  scheme, temperature = drafting.iid, 0.3
+  scheme, temperature, branching = _SCHEMES["wor_2_2_1_1"]
   full = _run(model, bundle.params, inputs, scheme, temperature, None)
-  distinct = _run(model, bundle.params, inputs, scheme, temperature, model.take_tails)
-  scale = np.abs(np.asarray(full.p_BxKxLxV)).max()
-  _check(full, distinct, atol=test_models.ATOL * max(scale, 1.0))
+  shared = _run(model, bundle.params, inputs, scheme, temperature, model.take_tails)
+  _check(full, shared, branching)
 
 
 @pytest.mark.slow
-def test_model_sharded_distinct_draft_matches_one_device():
-  """Heads over model = 2, rows over data = 4: the distinct draft on the mesh is the
-  K-tail draft on one device."""
+def test_model_sharded_shared_draft_matches_one_device():
+  """Heads over model = 2, rows over data = 4: the shared draft of a (2, 2, 1, 1) tree on
+  the mesh is the K-tail draft on one device."""
   model, params = _palm()
-  scheme, temperature = _SCHEMES["iid"]
+  scheme, temperature, branching = _SCHEMES["wor_2_2_1_1"]
   inputs = _inputs(test_models.VOCAB, seed=2, rows=8)
   full = _run(model, params, inputs, scheme, temperature, None)
   mesh = sharding.make_mesh(4, 2, devices=jax.devices()[:8])
   sharded_params = sharding.shard_params(params, mesh, axes=model.param_axes())
   with jax.set_mesh(mesh):
-    distinct = _run(model, sharded_params, inputs, scheme, temperature, model.take_tails)
-  _check(full, jax.device_get(distinct), atol=1e-5)
+    shared = _run(model, sharded_params, inputs, scheme, temperature, model.take_tails)
+  _check(full, jax.device_get(shared), branching, atol=1e-5)
