@@ -242,9 +242,9 @@ def generate(
       gets the whole output).
     tree: score each round's drafts as their deduplicated token tree (one target
       position per distinct prefix, `spectr_jax.tree`) instead of K tails, and draft
-      them as one too (each distinct prefix computed once per depth,
+      them as one too (the pending tokens on one tail, a static tree's nodes once each,
       `spectr_jax.drafting`): the same output law for every method, fewer target and
-      draft positions when drafts share prefixes (the round's pending tokens always).
+      draft positions.
     branching: for a method whose drafting scheme draws a static tree
       (`methods.Drafting.branches`: "rrs"), the children per node at each depth, L
       integers whose product is K (e.g. (4, 2, 1, 1) for K = 8, L = 4), or "proportional"

@@ -86,8 +86,8 @@ class DecodeStats:
   positions_B: target positions computed, summed over rounds (K * (L + 1) for tails; the
     compiled tree size a round used with `tree`).
   draft_positions_B: draft positions computed, summed over rounds (K * (L + 1) for tails:
-    two pending tokens, then L - 1 steps; with `tree`, each distinct prefix once, on the
-    compiled widths of `tree.draft_widths`).
+    two pending tokens, then L - 1 steps; with `tree`, the pending tokens once and a
+    static tree's nodes once each: `drafting`).
   """
 
   rounds_B: jax.Array
@@ -148,7 +148,7 @@ def probs(spec: DecodeSpec, logits_AxV, traced: Traced):
 def draft(spec, params, cache, state, key_B, traced):
   """The method's drafting scheme (`methods.DRAFTING`) on the draft model: its
   `drafting.Drafts` (tokens_BxKxL, p_BxKxLxV, cache, nonfinite_B, positions). A round
-  that scores a tree drafts it too: each distinct prefix computed once per depth."""
+  that scores a tree drafts it too: each prefix the scheme's draws share computed once."""
   scheme = methods.resolve(methods.DRAFTING[methods.get(spec.method).drafting].draft)
   return scheme(
     spec.draft.extend,
