@@ -489,6 +489,26 @@ def _split(names: list[str], sizes: list[int], num_shards: int) -> list[list[str
   return groups
 
 
+def family_params(fast: Sequence[str] = ("gemma2", "mistral")) -> list:
+  """pytest parameters of every family and "mistral" (`write_tiny`): those in `fast`
+  unmarked, the others marked slow (run with --runslow)."""
+  import pytest  # a test helper; the rest of this module needs no pytest
+
+  return [
+    pytest.param(f, marks=() if f in fast else pytest.mark.slow) for f in [*FAMILIES, "mistral"]
+  ]
+
+
+def write_tiny(directory, family: str) -> None:
+  """The tiny checkpoint of `family` without a tokenizer; "mistral" is Llama's layout
+  with model_type mistral and a sliding window of 2 on every layer."""
+  if family == "mistral":
+    config = tiny_config("llama", model_type="mistral", sliding_window=2)
+    write_checkpoint(directory, "llama", config, tokenizer=False)
+  else:
+    write_checkpoint(directory, family, tokenizer=False)
+
+
 def write_checkpoint(
   directory,
   family: str,

@@ -157,23 +157,13 @@ def test_take_tails_selects_spreads_and_shares_the_prefix():
 
 # Gemma 2 (soft-caps, alternating windows) and Mistral (a window that bites) in the fast
 # tier; the other families with --runslow.
-@pytest.mark.parametrize(
-  "family",
-  [
-    pytest.param(f, marks=() if f in ("gemma2", "mistral") else pytest.mark.slow)
-    for f in [*hf_checkpoints.FAMILIES, "mistral"]
-  ],
-)
+@pytest.mark.parametrize("family", hf_checkpoints.family_params())
 def test_every_family_drafts_each_shared_prefix_once(family, tmp_path):
   """Llama (llama3 rope scaling), Qwen2 (biases), Gemma, Gemma 2 (soft-caps, a window of
   4 on the even layers), GPT-2 (learned positions) and Mistral (a window of 2 on every
   layer, shorter than the draft): the shared draft of a (2, 2, 1, 1) tree is the K-tail
   draft."""
-  if family == "mistral":
-    config = hf_checkpoints.tiny_config("llama", model_type="mistral", sliding_window=2)
-    hf_checkpoints.write_checkpoint(tmp_path, "llama", config, tokenizer=False)
-  else:
-    hf_checkpoints.write_checkpoint(tmp_path, family, tokenizer=False)
+  hf_checkpoints.write_tiny(tmp_path, family)
   bundle = load_pretrained(tmp_path)
   model = decoder(bundle.config)
   inputs = _inputs(bundle.config.vocab_size, seed=1)

@@ -132,8 +132,7 @@ def test_published_configs_map_to_the_published_parameter_counts(name):
 def test_cache_prefill_extend_commit_equals_the_full_forward(family):
   if family == "mistral":  # Llama with a sliding window on every layer (not in the reference).
     directory = _mkdtemp()
-    config = hf_checkpoints.tiny_config("llama", model_type="mistral", sliding_window=2)
-    hf_checkpoints.write_checkpoint(directory, "llama", config, tokenizer=False)
+    hf_checkpoints.write_tiny(directory, "mistral")
     bundle = load_pretrained(directory)
     assert (bundle.config.family, bundle.config.sliding_window) == ("llama", 2)  # every layer
   else:

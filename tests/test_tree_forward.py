@@ -385,23 +385,13 @@ def _check_round(model: _Model, inputs, tree_BxNxV, nxt_BxKxTxV, atol=None):
 
 # Gemma 2 (soft-caps, alternating windows) and Mistral (a window that bites) in the fast
 # tier; the other families with --runslow.
-@pytest.mark.parametrize(
-  "family",
-  [
-    pytest.param(f, marks=() if f in ("gemma2", "mistral") else pytest.mark.slow)
-    for f in [*hf_checkpoints.FAMILIES, "mistral"]
-  ],
-)
+@pytest.mark.parametrize("family", hf_checkpoints.family_params())
 def test_every_family_scores_a_tree_as_the_causal_forward_of_each_path(family, tmp_path):
   """Llama (llama3 rope scaling), Qwen2 (biases), Gemma, Gemma 2 (soft-caps, a window of
   4 on the even layers), GPT-2 (learned positions) and Mistral (a window of 2 on every
   layer): windows shorter than prompt + depth and than the deepest path, so both the
   prefix and the node masks slide."""
-  if family == "mistral":
-    config = hf_checkpoints.tiny_config("llama", model_type="mistral", sliding_window=2)
-    hf_checkpoints.write_checkpoint(tmp_path, "llama", config, tokenizer=False)
-  else:
-    hf_checkpoints.write_checkpoint(tmp_path, family, tokenizer=False)
+  hf_checkpoints.write_tiny(tmp_path, family)
   bundle = load_pretrained(tmp_path)
   window = bundle.config.sliding_window
   model = _Model(bundle.config, bundle.params)
