@@ -11,8 +11,8 @@ shaped by the draft's probabilities:
     the paired 95% interval of the per-prompt difference;
   - distinct prefixes per round and target positions computed per round (K(L + 1) for
     tails; the compiled tree size for trees), and emitted tokens per target position;
-  - draft positions computed per round (K(L + 1) for tails; for trees each distinct
-    prefix once per depth, on the compiled widths of `tree.draft_widths`);
+  - draft positions computed per round (K(L + 1) for tails; for trees the pending
+    tokens once and a static tree's nodes once each: `spectr_jax.drafting`);
   - the draft's L steps, the target call and the engine's round
     (`bench_decode.part_timers`) in ms, tails and tree, and their ratios.
 
