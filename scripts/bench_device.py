@@ -6,8 +6,13 @@ from those parts beside the measured one) on the default device, with random-wei
 PaLM-style models at the paper's size ratio (a ~1B target, a ~100M draft, bf16
 activations and caches) or a loaded pair of runs (`--draft`, `--target`). Random weights
 make the block efficiency meaningless (the models disagree); the cost split and the
-latency-model check do not depend on it. Eight configurations by default; compile plus
-run is meant to fit in 10 minutes on one GPU.
+latency-model check do not depend on it. Eight configurations by default.
+
+Compiling dominates on a GPU: on an H200 (docs/PERFORMANCE.md, "On an accelerator") the
+autoregressive and K-SEQ 8 x 8 rows took about 4 minutes with their compiles, and a tree
+comparison's programs (the target's layers once per compiled node count) take over 5
+minutes per config, so split a run into calls of 10 minutes: `--configs ""` skips the
+decoding table, `--tree_configs ""` the comparison.
 
 Then the rounds of `--tree_configs` (default kseq:8:8; "" skips them) as K tails and as
 token trees, side by side (`bench_tree.compare`: target positions, target call and round
@@ -69,7 +74,7 @@ def main():
   parser.add_argument("--max_new_tokens", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--dtype", default="bfloat16")
-  parser.add_argument("--configs", default=CONFIGS, help="method:K:L,...")
+  parser.add_argument("--configs", default=CONFIGS, help='method:K:L,... ("" skips them)')
   parser.add_argument(
     "--tree_configs",
     default="kseq:8:8",
@@ -94,9 +99,6 @@ def main():
   tokens = np.random.default_rng(0).integers(3, vocab, (args.batch, args.prompt_len))
   prompts = jnp.asarray(tokens, jnp.int32)
   lengths = jnp.full((args.batch,), args.prompt_len, jnp.int32)
-  configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
-  if configs[0][0] != "autoregressive":
-    configs.insert(0, ("autoregressive", 1, 0))
   device = jax.devices()[0]
   print(
     f"{what}: draft {count_params(draft.params):,} params, target "
@@ -109,9 +111,13 @@ def main():
     max_new_tokens=args.max_new_tokens,
     stop_at_eos=False,
   )
-  rows = bench(draft, target, prompts, lengths, configs, settings, args.repeats)
-  print()
-  print(format_table(rows, rows[0]))
+  if args.configs:
+    configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
+    if configs[0][0] != "autoregressive":
+      configs.insert(0, ("autoregressive", 1, 0))
+    rows = bench(draft, target, prompts, lengths, configs, settings, args.repeats)
+    print()
+    print(format_table(rows, rows[0]))
   if args.tree_configs:
     tree_configs = parse_configs(args.tree_configs)
     batch = (prompts, lengths)
