@@ -30,7 +30,13 @@ from spectr_jax.data import (
   make_prompts,
   read_source,
 )
-from spectr_jax.models import ModelBundle, count_params, load_pretrained, param_axes
+from spectr_jax.models import (
+  ModelBundle,
+  count_params,
+  load_pretrained,
+  param_axes,
+  unstack_layers,
+)
 
 
 class MissingPairError(FileNotFoundError):
@@ -65,10 +71,19 @@ def make_pair(
   special: SpecialIds = RESERVED,
   **description: Any,
 ) -> Pair:
-  """Builds a `Pair`, fingerprinting the parameters and the held-out text."""
+  """Builds a `Pair`, fingerprinting the parameters and the held-out text.
+
+  The models are taken as a decode holds them (`ModelBundle.for_decoding`); the
+  fingerprint reads their parameters in the per-layer layout (`models.layout`), so it
+  names the weights, whatever layout holds them.
+  """
+  draft, target = draft.for_decoding(), target.for_decoding()
   digest = hashlib.sha256()
-  params = sharding.fetch(jax.tree.leaves((draft.params, target.params)))
-  for leaf in (*params, heldout.tokens, heldout.offsets):
+  per_layer = [
+    unstack_layers(jax.tree.map(np.asarray, sharding.fetch(m.params)), m.config)
+    for m in (draft, target)
+  ]
+  for leaf in (*jax.tree.leaves(per_layer), heldout.tokens, heldout.offsets):
     digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
   description = dict(
     description, draft_params=count_params(draft.params), target_params=count_params(target.params)
@@ -96,7 +111,7 @@ def _embedded_model(
   """The final checkpoint of `role`'s training config, trained first when asked to."""
   train_config = getattr(config, role)
   if runs.is_finished(train_config, workdir):
-    return runs.load_bundle(workdir, mesh=mesh)
+    return runs.load_bundle(workdir, mesh=mesh, for_decoding=True)
   if not config.train_missing:
     step = runs.latest_step(workdir)
     found = "no checkpoint" if step is None else f"the newest checkpoint is step {step}"
@@ -120,7 +135,7 @@ def _trained_model(
   role: str, workdir: pathlib.Path, mesh: jax.sharding.Mesh | None = None
 ) -> ModelBundle:
   try:
-    return runs.load_bundle(workdir, mesh=mesh)
+    return runs.load_bundle(workdir, mesh=mesh, for_decoding=True)
   except runs.CheckpointError as error:
     raise _missing(role, None, workdir, str(error)) from error
 
@@ -162,14 +177,15 @@ def load_pair(config: PairConfig, mesh: jax.sharding.Mesh | None = None) -> Pair
 def load_model(
   directory: str | pathlib.Path, dtype: str | None = None, mesh: jax.sharding.Mesh | None = None
 ) -> ModelBundle:
-  """One model from a directory: a Hugging Face checkpoint (its config.json names a
-  model_type; loaded in `dtype`, None = as stored) or a training run of this project,
-  on `mesh` by `sharding.RULES` when given."""
+  """One model from a directory, as a decode holds it (`ModelBundle.for_decoding`): a
+  Hugging Face checkpoint (its config.json names a model_type; loaded in `dtype`, None =
+  as stored) or a training run of this project (in its compute dtype), on `mesh` by
+  `sharding.RULES` when given."""
   path = pathlib.Path(directory).expanduser()
   config = path / "config.json"
   if config.is_file() and "model_type" in json.loads(config.read_text()):
-    return load_pretrained(path, dtype=dtype, mesh=mesh)
-  return runs.load_bundle(path, mesh=mesh)
+    return load_pretrained(path, dtype=dtype, mesh=mesh).for_decoding()
+  return runs.load_bundle(path, mesh=mesh, for_decoding=True)
 
 
 def _dropped_mass(bundle: ModelBundle, prompts: Prompts) -> float:

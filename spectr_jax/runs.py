@@ -26,7 +26,7 @@ from absl import logging
 from spectr_jax import results, sharding
 from spectr_jax.config import TrainConfig, saved_train_config
 from spectr_jax.data import Dataset, Tokenizer, load_dataset
-from spectr_jax.models import ModelBundle, init_params, param_axes
+from spectr_jax.models import ModelBundle, ModelConfig, init_params, layout, param_axes
 
 # Fields that change logging, evaluation, storage or the device layout but not the trained
 # parameters (beyond the rounding of sums split over devices); a resumed run may change them.
@@ -150,17 +150,23 @@ def is_finished(config: TrainConfig, workdir: str | pathlib.Path) -> bool:
 
 
 def load_bundle(
-  workdir: str | pathlib.Path, step: int | None = None, mesh: jax.sharding.Mesh | None = None
+  workdir: str | pathlib.Path,
+  step: int | None = None,
+  mesh: jax.sharding.Mesh | None = None,
+  for_decoding: bool = False,
 ) -> ModelBundle:
   """Loads the parameters of a finished run (or of checkpoint `step`).
 
   The parameters land on `mesh` by `sharding.RULES`, or without one on this process's
-  first device, whatever mesh saved them.
+  first device, whatever mesh saved them. A run saved in the per-layer layout (before
+  the layer stack, `models.layout`) is restored on one device and stacked.
 
   Args:
     workdir: the run's directory.
     step: which checkpoint; None means the final one (`num_steps`).
     mesh: where to place the parameters (each device reads only its shards).
+    for_decoding: restore every float parameter in the model's compute dtype (as a
+      decode holds it: `ModelBundle.for_decoding`) rather than float32.
 
   Returns:
     The model config and parameters.
@@ -177,6 +183,8 @@ def load_bundle(
     )
   model_config = config.model_config()
   abstract = jax.eval_shape(functools.partial(init_params, model_config), jax.random.key(0))
+  if for_decoding:
+    abstract = layout.for_decoding(abstract, model_config)
   if mesh is None:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     placements = jax.tree.map(lambda _: device, abstract)
@@ -185,9 +193,51 @@ def load_bundle(
   abstract = jax.tree.map(
     lambda x, where: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where), abstract, placements
   )
+  per_layer = _saved_per_layer(manager, want)
+  if per_layer:
+    abstract = _per_layer_abstract(abstract, model_config)
   args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract))
-  restored = _restore(manager, want, args)
-  return ModelBundle(config=model_config, params=restored["params"])
+  params = _restore(manager, want, args)["params"]
+  if per_layer:
+    params = jax.device_put(_stacked(params, model_config), placements)
+  return ModelBundle(config=model_config, params=params)
+
+
+def _saved_per_layer(manager: ocp.CheckpointManager, step: int) -> bool:
+  """Whether checkpoint `step` holds its parameters in the per-layer layout (metadata that
+  cannot be read counts as no: the restore then names the damage, `_verify`)."""
+  directory = pathlib.Path(manager.directory) / str(step) / "params"
+  try:
+    saved = ocp.StandardCheckpointer().metadata(directory).item_metadata
+  except (OSError, ValueError):
+    return False
+  return saved is not None and layout.is_per_layer(saved)
+
+
+def _is_params(tree: Any) -> bool:
+  return isinstance(tree, dict) and ("layers" in tree or layout.is_per_layer(tree))
+
+
+def _per_layer_abstract(abstract: Any, config: ModelConfig) -> Any:
+  """`abstract` (parameters, or an optimizer state holding parameter-shaped trees) with
+  every parameter tree in the per-layer layout, on this process's first device."""
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+  def unstack(tree):
+    if not _is_params(tree):
+      return tree
+    return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+      layout.unstack_layers(tree, config),
+    )
+
+  return jax.tree.map(unstack, abstract, is_leaf=_is_params)
+
+
+def _stacked(restored: Any, config: ModelConfig) -> Any:
+  """`restored` with every per-layer parameter tree in the decoder's layout."""
+  stack = lambda tree: layout.stack_layers(tree, config) if _is_params(tree) else tree  # noqa: E731
+  return jax.tree.map(stack, restored, is_leaf=_is_params)
 
 
 def _file_digest(path: pathlib.Path) -> str:
@@ -277,12 +327,17 @@ def _restore(manager: ocp.CheckpointManager, step: int, args: ocp.args.Composite
 
 
 def restore_latest(
-  manager: ocp.CheckpointManager, abstract_params: Any, abstract_opt_state: Any
+  manager: ocp.CheckpointManager,
+  abstract_params: Any,
+  abstract_opt_state: Any,
+  model_config: ModelConfig,
 ) -> tuple[int, Any, Any, dict[str, Any]] | None:
   """Restores the newest complete checkpoint: (step, params, opt_state, meta).
 
   The arrays land on the shardings of the abstract values, whatever mesh saved them (a run
-  saved on a (4, 2) mesh resumes on (8, 1) or (2, 4)).
+  saved on a (4, 2) mesh resumes on (8, 1) or (2, 4)). A run saved in the per-layer
+  layout (`models.layout`; its optimizer's moments too) is restored on one device,
+  stacked and placed.
 
   A damaged checkpoint is skipped with a warning naming it, and the previous step is
   tried; once a complete one is found, the damaged newer ones are moved aside (to
@@ -295,19 +350,32 @@ def restore_latest(
   Raises:
     DamagedCheckpointError: there are checkpoints but none is complete.
   """
-  args = ocp.args.Composite(
-    params=ocp.args.StandardRestore(abstract_params),
-    opt_state=ocp.args.StandardRestore(abstract_opt_state),
-    meta=ocp.args.JsonRestore(),
-  )
+
+  def args(per_layer: bool):
+    params, opt_state = abstract_params, abstract_opt_state
+    if per_layer:
+      params = _per_layer_abstract(params, model_config)
+      opt_state = _per_layer_abstract(opt_state, model_config)
+    return ocp.args.Composite(
+      params=ocp.args.StandardRestore(params),
+      opt_state=ocp.args.StandardRestore(opt_state),
+      meta=ocp.args.JsonRestore(),
+    )
+
   steps = sorted(manager.all_steps(), reverse=True)
   directory = pathlib.Path(manager.directory)
   for number, step in enumerate(steps):
     try:
-      restored = _restore(manager, step, args)
+      per_layer = _saved_per_layer(manager, step)
+      restored = _restore(manager, step, args(per_layer))
     except DamagedCheckpointError as error:
       logging.warning("%s; trying the previous step", error)
       continue
+    if per_layer:
+      placements = jax.tree.map(lambda x: x.sharding, (abstract_params, abstract_opt_state))
+      state = _stacked((restored["params"], restored["opt_state"]), model_config)
+      params, opt_state = jax.device_put(state, placements)
+      restored = {**restored, "params": params, "opt_state": opt_state}
     if number and jax.process_index() == 0:
       for damaged in steps[:number]:
         stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")

@@ -7,16 +7,21 @@ parameters with tuples of names as leaves, the `axes` argument below), the cache
 `CACHE_AXES`. One rule table (`RULES`, Megatron-style) maps logical axes to mesh axes:
 
   batch    -> data    rows of a decode or training batch
-  heads    -> model   query heads (w_q, w_o, b_q)
-  kv_heads -> model   key/value heads (w_k, w_v, the caches)
-  mlp      -> model   MLP width (w_up, w_gate, w_down)
+  heads    -> model   query heads (w_o)
+  kv_heads -> model   key/value heads (w_qkv, b_qkv: each head with its group of queries;
+                      the caches)
+  mlp      -> model   MLP width (w_gate_up, w_up, w_down)
   vocab    -> model   embedding and output-layer rows
   embed    -> None    model width (-> data with `fsdp=True`: FSDP for training)
-  other    -> None    layers, positions, head_dim, sequence, drafts, tail slots
+  other    -> None    layers, positions, head_dim, qkv, gate_up, sequence, drafts,
+                      tail slots
 
 An axis that does not divide by its mesh axis' size is replicated, by rule (the single
 KV head of multi-query attention, GPT-2's 50,257-entry vocabulary on an even "model"
-axis); `describe` prints what each parameter gets, and entry points log it.
+axis); `describe` prints what each parameter gets, and entry points log it. With q, k and
+v fused by key/value head (`w_qkv`), a model with fewer key/value heads than the "model"
+axis has devices keeps its query projection replicated too (one matmul per layer
+instead of three, for that sharding).
 """
 
 import os
@@ -284,8 +289,8 @@ def per_device_bytes(x: jax.Array) -> int:
 
 
 def describe(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES, *, axes: Any) -> str:
-  """A table of the rules and of each distinct parameter name's shape, logical axes
-  (`axes`, as in `param_specs`) and partition."""
+  """A table of the rules and of each parameter's shape, logical axes (`axes`, as in
+  `param_specs`) and partition (a block parameter once, for all layers: "layers/...")."""
   lines = [
     f"mesh {dict(mesh.shape)} over {mesh.size} devices ({jax.process_count()} processes)",
     "rules: " + ", ".join(f"{k}->{v}" for k, v in rules.items()) + ", other->None",
@@ -293,11 +298,9 @@ def describe(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES, *
   by_path = axes_by_path(axes)
   seen = {}
   for path, x in jax.tree_util.tree_leaves_with_path(params):
-    name = "/".join(n for n in _path_names(path) if not n.startswith("block_"))
-    if name in seen:
-      continue
     names = _names_at(by_path, path)
-    seen[name] = (tuple(np.shape(x)), names, logical_spec(names, np.shape(x), mesh, rules))
+    spec = logical_spec(names, np.shape(x), mesh, rules)
+    seen["/".join(_path_names(path))] = (tuple(np.shape(x)), names, spec)
   for name, (shape, axes, spec) in sorted(seen.items()):
     lines.append(f"  {name:32s} {str(shape):18s} {str(axes):36s} {spec}")
   return "\n".join(lines)

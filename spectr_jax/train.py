@@ -45,6 +45,16 @@ class TrainState:
   opt_state: Any
 
 
+def decayed(config: TrainConfig) -> Any:
+  """Which parameters weight decay applies to: the matrices (two or more axes beside the
+  layer stack's), not the norm scales, biases or vectors; a pytree of bools."""
+  return jax.tree.map(
+    lambda names: len([n for n in names if n != "layers"]) > 1,
+    param_axes(config.model_config()),
+    is_leaf=lambda x: isinstance(x, tuple),
+  )
+
+
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
   """Returns gradient clipping plus AdamW on a warm-up + cosine-decay schedule."""
   schedule = optax.warmup_cosine_decay_schedule(
@@ -61,7 +71,7 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
       b1=config.adam_b1,
       b2=config.adam_b2,
       weight_decay=config.weight_decay,
-      mask=lambda params: jax.tree.map(lambda x: x.ndim > 1, params),
+      mask=decayed(config),
     ),
   )
 
@@ -225,7 +235,9 @@ def _start_state(
     abstract,
     shardings,
   )
-  restored = runs.restore_latest(manager, abstract.params, abstract.opt_state)
+  restored = runs.restore_latest(
+    manager, abstract.params, abstract.opt_state, config.model_config()
+  )
   if restored is None:
     params = distill.initial_params(config)
     if params is not None:

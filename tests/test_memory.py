@@ -123,13 +123,14 @@ def test_example_pod_configs_fit_their_device(module, devices):
   plan, text = _script().plan_text(config, devices)
   memory.check_fits(plan, memory.device_bytes(config.device_memory))
   assert plan.mesh == {"data": devices // config.mesh_model, "model": config.mesh_model}
-  assert "sharding of the target" in text and "w_k" in text
+  assert "sharding of the target" in text and "layers/w_qkv" in text
   if module is pod_gemma2_9b_v5e8:  # 9.24B bf16 parameters over 8 chips
     assert 2.2e9 < plan.weights["target"] < 2.4e9
     # GQA by rule: the 2B draft's 4 key/value heads stay whole over model = 8, the 9B's 8
     # split; Gemma's 256k vocabulary splits.
     mesh = memory.abstract_mesh(1, 8)
-    axes = param_axes(CONFIG)["block_0"]["w_k"]
-    assert sharding.logical_spec(axes, (2304, 4, 256), mesh) == jax.sharding.PartitionSpec()
-    assert sharding.logical_spec(axes, (3584, 8, 256), mesh)[1] == "model"
+    axes = param_axes(CONFIG)["layers"]["w_qkv"]
+    spec = lambda shape: sharding.logical_spec(axes, shape, mesh)  # noqa: E731
+    assert spec((26, 2304, 4, 4, 256)) == jax.sharding.PartitionSpec()
+    assert spec((42, 3584, 8, 4, 256))[2] == "model"
     assert sharding.logical_spec(("vocab", "embed"), (256000, 3584), mesh)[0] == "model"

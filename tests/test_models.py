@@ -208,7 +208,7 @@ def test_family_parameter_counts_have_the_closed_form(overrides):
 
 def test_sliding_window_layers():
   config = _config(num_kv_heads=2, num_layers=3, sliding_window=4, family="gemma2")
-  assert [gemma.layer_window(config, n) for n in range(3)] == [4, None, 4]
+  assert gemma.layer_window(config) == layers.Window(4, every=2)
 
 
 def test_overrides_replace_named_fields():
@@ -246,7 +246,8 @@ def test_forward_shapes_and_params(any_harness):
   logits = any_harness.forward(jnp.asarray(_tokens(0, (3, 7))))
   assert logits.shape == (3, 7, VOCAB) and logits.dtype == jnp.float32
   assert count_params(any_harness.params) == expected_num_params(any_harness.config)
-  assert any_harness.params["block_0"]["w_k"].shape == (32, any_harness.config.num_kv_heads, 8)
+  hk = any_harness.config.num_kv_heads
+  assert any_harness.params["layers"]["w_qkv"].shape == (2, 32, hk, 4 // hk + 2, 8)
 
 
 def test_future_tokens_do_not_change_past_logits(any_harness):
@@ -505,7 +506,7 @@ def test_param_axes_name_every_dimension_of_every_parameter(overrides):
   assert len(by_path) == len(leaves)
   for path, x in leaves:
     assert len(by_path[tuple(k.key for k in path)]) == x.ndim
-  assert by_path[("block_0", "w_k")] == ("embed", "kv_heads", "head_dim")
+  assert by_path[("layers", "w_qkv")] == ("layers", "embed", "kv_heads", "qkv", "head_dim")
   assert by_path[("embed", "embedding")] == ("vocab", "embed")
 
 
@@ -529,7 +530,7 @@ _BARE = _Bare()
 def test_a_parameter_created_without_logical_axes_is_refused():
   register_family(_BARE)
   with pytest.raises(
-    ValueError, match="parameter block_0/w_new of the bare-test family was created without"
+    ValueError, match="parameter layers/w_new of the bare-test family was created without"
   ):
     param_axes(_config(num_kv_heads=2, family="bare-test"))
 
@@ -575,7 +576,8 @@ def test_a_family_added_as_one_module_decodes_in_the_engine_and_shards_by_its_ax
   mesh = sharding.make_mesh(4, 2)
   axes = param_axes(config)
   placed = sharding.shard_params(target.params, mesh, axes=axes)
-  assert placed["block_0"]["gate"].sharding.spec == jax.sharding.PartitionSpec()
-  assert placed["block_0"]["w_q"].sharding.spec == jax.sharding.PartitionSpec(None, "model")
+  assert placed["layers"]["gate"].sharding.spec == jax.sharding.PartitionSpec()
+  qkv_spec = jax.sharding.PartitionSpec(None, None, "model")
+  assert placed["layers"]["w_qkv"].sharding.spec == qkv_spec
   text = sharding.describe(target.params, mesh, axes=axes)
-  assert re.search(r"\n  gate +\(64,\) +\('embed',\) +P\(\)\n", text), text
+  assert re.search(r"\n  layers/gate +\(2, 64\) +\('layers', 'embed'\) +P\(\)\n", text), text

@@ -178,8 +178,8 @@ def test_bfloat16_checkpoint_loads_as_bfloat16(family):
   logits = _logits(bundle)
   as_f32 = load_pretrained(directory, dtype="float32")
   np.testing.assert_array_equal(
-    np.asarray(as_f32.params["block_0"]["w_q"]),
-    np.asarray(bundle.params["block_0"]["w_q"], np.float32),
+    np.asarray(as_f32.params["layers"]["w_qkv"]),
+    np.asarray(bundle.params["layers"]["w_qkv"], np.float32),
   )
   ref = hf_reference.forward(family, hf_checkpoints.tiny_config(family), weights, _TOKENS_BxT)
   np.testing.assert_allclose(_logits(as_f32), ref, rtol=0, atol=RTOL * np.abs(ref).max())
@@ -715,7 +715,7 @@ def test_non_finite_tensors_are_refused_by_name_and_extreme_finite_ones_load(dty
     weight[3, 5] = value
     directory = _copy("llama", dtype=dtype, extra_tensors={name: weight})
     if finite:
-      assert load_pretrained(directory).params["block_1"]["w_down"][5, 3] == np.float32(value)
+      assert load_pretrained(directory).params["layers"]["w_down"][1, 5, 3] == np.float32(value)
       continue
     with pytest.raises(
       CheckpointFormatError, match=f"tensor '{name}' in model.safetensors holds NaN or infinity"

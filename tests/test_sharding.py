@@ -91,14 +91,15 @@ def test_rules_cover_open_weight_shapes(family):
   )
   shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
   specs = sharding.param_specs(shapes, sharding.make_mesh(1, 8), axes=param_axes(config))
-  block = specs["block_0"]
+  block = specs["layers"]  # every block parameter: a leading "layers" axis (replicated)
   heads = family["num_heads"] % 8 == 0
-  assert block["w_q"] == (PartitionSpec(None, "model") if heads else PartitionSpec())
-  assert block["w_o"] == (PartitionSpec("model") if heads else PartitionSpec())
-  assert block["w_up"] == PartitionSpec(None, "model") and block["w_down"] == PartitionSpec("model")
+  assert block["w_o"] == (PartitionSpec(None, "model") if heads else PartitionSpec())
+  mlp = PartitionSpec(None, None, None, "model")
+  assert block["w_gate_up"] == mlp and block["w_down"] == PartitionSpec(None, "model")
   assert block["b_o"] == PartitionSpec() and block["norm"]["scale"] == PartitionSpec()
-  kv = PartitionSpec(None, "model") if family["sharded_kv"] else PartitionSpec()
-  assert block["w_k"] == kv and block["w_v"] == kv
+  # q, k and v are fused by key/value head: split where the key/value heads divide.
+  kv = PartitionSpec(None, None, "model") if family["sharded_kv"] else PartitionSpec()
+  assert block["w_qkv"] == kv and block["b_qkv"] == (PartitionSpec(None, "model") if kv else kv)
   vocab = PartitionSpec() if family["vocab"] % 8 else PartitionSpec("model")
   assert specs["embed"]["embedding"] == vocab and specs["out_embedding"] == vocab
 
@@ -106,14 +107,14 @@ def test_rules_cover_open_weight_shapes(family):
 def test_a_parameter_without_logical_axes_has_no_silent_rule(pair):
   """A parameter the axes do not name (another config's) is an error naming it (a layer
   that creates one without axes: tests/test_models.py)."""
-  params = {**pair[0].params, "block_0": {**pair[0].params["block_0"], "w_new": np.zeros(2)}}
-  with pytest.raises(KeyError, match="no logical axes for parameter block_0/w_new"):
+  params = {**pair[0].params, "layers": {**pair[0].params["layers"], "w_new": np.zeros(2)}}
+  with pytest.raises(KeyError, match="no logical axes for parameter layers/w_new"):
     sharding.param_specs(params, _mesh(1, 8), axes=param_axes(pair[0].config))
 
 
-# The dimension each weight splits over "model" (Megatron): heads, MLP width, vocabulary.
-MODEL_DIM = {"w_q": 1, "w_k": 1, "w_v": 1, "w_o": 0, "w_up": 1, "w_gate": 1, "w_down": 0}
-MODEL_DIM["embedding"] = 0
+# The dimension each weight splits over "model" (Megatron): key/value heads (with their
+# queries), heads, MLP width, vocabulary; block weights carry a leading layers axis.
+MODEL_DIM = {"w_qkv": 2, "w_o": 1, "w_up": 2, "w_gate_up": 3, "w_down": 1, "embedding": 0}
 
 
 @pytest.mark.parametrize("shape", [(8, 1), *MODEL_SHARDED])

@@ -19,7 +19,7 @@ from configs import eval_pair as eval_pair_config
 from configs import target as target_config
 from spectr_jax import analysis, checks, data, evaluate, runs, train
 from spectr_jax.config import EvalConfig, TrainConfig
-from spectr_jax.models import ModelBundle, init_params
+from spectr_jax.models import ModelBundle, init_params, unstack_layers
 from tests.training import small_config
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,6 +110,36 @@ def test_resumed_run_equals_uninterrupted_run(target_run, tmp_path):
   )
   resumed = train.train(config, tmp_path)
   assert runs.latest_step(tmp_path) == config.num_steps
+  _assert_params_equal(resumed.params, reference.params)
+
+
+def _per_layer(tree, model_config):
+  """Every parameter tree inside `tree` (params, the optimizer's moments) per layer."""
+  is_params = lambda t: isinstance(t, dict) and "layers" in t  # noqa: E731
+  unstack = lambda t: unstack_layers(t, model_config) if is_params(t) else t  # noqa: E731
+  return jax.tree.map(unstack, tree, is_leaf=is_params)
+
+
+def test_a_run_saved_per_layer_restores_and_resumes(target_run, tmp_path):
+  """A checkpoint in the per-layer layout of runs saved before the layer stack
+  (`models.layout`) loads for decoding and resumes to the uninterrupted result."""
+  config, _, reference = target_run
+  train.train(config, tmp_path, stop_at_step=7)
+  model_config = config.model_config()
+  manager = runs.checkpoint_manager(tmp_path, config)
+  abstract = jax.eval_shape(lambda: train._init_state(config, train.make_optimizer(config)))
+  step, params, opt_state, meta = runs.restore_latest(
+    manager, abstract.params, abstract.opt_state, model_config
+  )
+  assert step == 7
+  shutil.rmtree(tmp_path / "checkpoints" / "7")
+  manager = runs.checkpoint_manager(tmp_path, config)
+  old = _per_layer((params, opt_state), model_config)
+  assert "block_0" in old[0] and "layers" not in old[0]
+  runs.save_checkpoint(manager, 7, *old, meta)
+  loaded = runs.load_bundle(tmp_path, step=7)
+  _assert_params_equal(loaded.params, params)
+  resumed = train.train(config, tmp_path)
   _assert_params_equal(resumed.params, reference.params)
 
 

@@ -414,7 +414,8 @@ def test_model_sharded_tree_logits_match_one_device():
   single = _run_round(model, model.params, inputs, 8)
   mesh = sharding.make_mesh(4, 2, devices=jax.devices()[:8])
   params = sharding.shard_params(model.params, mesh, axes=model.decoder.param_axes())
-  assert params["block_0"]["w_k"].sharding.spec == jax.sharding.PartitionSpec(None, "model")
+  qkv_spec = jax.sharding.PartitionSpec(None, None, "model")
+  assert params["layers"]["w_qkv"].sharding.spec == qkv_spec
   with jax.set_mesh(mesh):
     sharded = _run_round(model, params, inputs, 8)
   for want, got in zip(single, sharded, strict=True):

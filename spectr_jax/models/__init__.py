@@ -10,7 +10,8 @@ key/value head, Dh head width, F MLP width, R tail capacity.
 Usage:
   config = get_model_config("target-small", vocab_size=4096)
   model = decoder(config)
-  params = model.init_params(jax.random.key(0))
+  params = model.init_params(jax.random.key(0))  # float32, for training
+  params = for_decoding(params, config)  # the compute dtype, for decoding
   logits_BxTxV = model.logits(params, tokens_BxT)
   cache = model.init_cache(batch_size=B, num_tails=K, tail_capacity=L + 1)
   logits_BxPxV, cache = model.prefill(params, tokens_BxP, lengths_B, cache)
@@ -41,12 +42,16 @@ _EXPORTS = {
   "family_of": "families",
   "get_model_config": "config",
   "init_cache": "cache",
+  "for_decoding": "layout",
   "init_params": "bundle",
   "load_pretrained": "pretrained",
+  "is_per_layer": "layout",
   "model_config_names": "config",
   "param_axes": "bundle",
   "register_family": "families",
   "reset_tails": "cache",
+  "stack_layers": "layout",
+  "unstack_layers": "layout",
   "rollback": "cache",
   "take_tails": "cache",
 }

@@ -1,13 +1,27 @@
-"""Attention of one layer: the causal forward, the tails against a cached prefix, and a
-token tree against a cached prefix (with `ancestor_mask`, the tree's visibility mask).
+"""Attention of one layer in each calling mode of the layer stack: the causal forward
+(`Causal`), K tails of new tokens against a cached prefix and the tails' earlier entries
+(`Tails`), and a token tree against a cached prefix (`Tree`, with `ancestor_mask`, the
+tree's visibility mask).
+
+A mode is a pytree of the arrays every layer shares (`pos`, the tokens' positions, and
+lengths, masks) whose call `mode(view, q, k, v, *, layer, window, softcap) -> (o, kv)` is
+the attention of one layer: `view` is that layer's slice of the cache (scanned with the
+layer's parameters), `layer` its index, and kv its new keys and values. The modes read
+the cache and never write it: the caller writes every layer's new entries once, after
+the stack (`write_tail`), so a layer's attention combines its key sets (prefix, earlier tail
+entries, the new tokens) in one softmax without concatenating them (`_softmax_parts`).
 
 Letters beyond the package legend: Hk key/value heads, G = H // Hk query heads per
-key/value head, Dh head width, R tail capacity (the node slots of a tree), X any leading
-shape; in the tree functions N is the number of tree nodes (not layers).
+key/value head, Dh head width, R tail capacity (the node slots of a tree), U the new
+tokens a query may see (T of its tail, or N of its tree), X any leading shape; in the
+tree functions N is the number of tree nodes (not layers).
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from spectr_jax.models import layers
 
@@ -20,127 +34,192 @@ def _group(q_XxHxDh: jax.Array, num_kv_heads: int) -> jax.Array:
   return q_XxHxDh.reshape(*lead, num_kv_heads, h // num_kv_heads, dh)
 
 
-def causal(
-  q_BxTxHxDh: jax.Array,
-  k_BxTxHkxDh: jax.Array,
-  v_BxTxHkxDh: jax.Array,
-  *,
-  window: int | None,
-  softcap: float | None,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-  """Causal self-attention over one sequence per row; keeps (k, v) for the cache.
+def _sliding(
+  mask: jax.Array, distance: jax.Array, window: layers.Window | None, layer
+) -> jax.Array:
+  """`mask` with the keys at `distance` >= window.size hidden, on the layers that slide."""
+  if window is None:
+    return mask
+  inside = distance < window.size
+  if window.every > 1:
+    inside = inside | (layer % window.every != 0)
+  return mask & inside
 
-  Query t sees keys s <= t, and with a sliding window only those with t - s < window.
+
+def _softmax_parts(parts, softcap: float | None, dtype) -> jax.Array:
+  """One softmax over several key sets, without concatenating them.
+
+  Args:
+    parts: (scores, mask, values_fn) per key set: float32 scores with the key axis last,
+      a mask broadcastable to them, and values_fn(weights in `dtype`) -> the weighted sum
+      of that set's values (float32, the key axis replaced by the value axis Dh: every
+      set's scores have the output's leading axes).
+    softcap: the soft-cap of the scores, or None.
+    dtype: the dtype of the weights that meet the values.
+
+  Returns:
+    The attention output, float32: sum_i values_fn(exp(s_i - m)) / sum_i sum exp(s_i - m)
+    with m the largest score of all sets (a row with every key masked averages them all,
+    as a softmax of the masked scores would).
   """
-  b, t, h, dh = q_BxTxHxDh.shape
-  q_BxTxHkxGxDh = _group(q_BxTxHxDh, k_BxTxHkxDh.shape[2])
-  s_BxHkxGxTxT = jnp.einsum(
-    "btngd,bsnd->bngts", q_BxTxHkxGxDh, k_BxTxHkxDh, preferred_element_type=jnp.float32
+  scores = [jnp.where(mask, layers.softcap(s, softcap), _MASKED) for s, mask, _ in parts]
+  top = functools.reduce(jnp.maximum, [jnp.max(s, axis=-1, keepdims=True) for s in scores])
+  weights = [jnp.exp(s - top) for s in scores]
+  total = functools.reduce(jnp.add, [jnp.sum(w, axis=-1, keepdims=True) for w in weights])
+  out = functools.reduce(
+    jnp.add, [fn(w.astype(dtype)) for w, (_, _, fn) in zip(weights, parts, strict=True)]
   )
-  s_BxHkxGxTxT = layers.softcap(s_BxHkxGxTxT, softcap)
-  causal_TxT = jnp.tril(jnp.ones((t, t), bool))
-  if window is not None:
-    causal_TxT &= jnp.triu(jnp.ones((t, t), bool), 1 - window)
-  p_BxHkxGxTxT = jax.nn.softmax(jnp.where(causal_TxT, s_BxHkxGxTxT, _MASKED), axis=-1)
-  o_BxTxHkxGxDh = jnp.einsum(
-    "bngts,bsnd->btngd", p_BxHkxGxTxT.astype(v_BxTxHkxDh.dtype), v_BxTxHkxDh
-  )
-  return o_BxTxHkxGxDh.reshape(b, t, h, dh), (k_BxTxHkxDh, v_BxTxHkxDh)
+  return out / total
 
 
-def _joint_softmax(
-  s_pre_XxS: jax.Array,
-  pre_mask_XxS: jax.Array,
-  s_own_XxR: jax.Array,
-  own_mask_XxR: jax.Array,
-  softcap: float | None,
-  dtype: jnp.dtype,
-) -> tuple[jax.Array, jax.Array]:
-  """One softmax over a query's prefix scores and its own (tail or node) scores, each
-  soft-capped and masked (masks broadcast to the scores, key axis last): the weights
-  of both parts, in `dtype`."""
-  s = s_pre_XxS.shape[-1]
-  scores = jnp.concatenate(
-    [
-      jnp.where(pre_mask_XxS, layers.softcap(s_pre_XxS, softcap), _MASKED),
-      jnp.where(own_mask_XxR, layers.softcap(s_own_XxR, softcap), _MASKED),
-    ],
-    axis=-1,
-  )
-  p = jax.nn.softmax(scores, axis=-1).astype(dtype)
-  return p[..., :s], p[..., s:]
+def _contract(spec: str, values: jax.Array):
+  """values_fn of `_softmax_parts`: the weights contracted with `values` by `spec`."""
+  return lambda w: jnp.einsum(spec, w, values, preferred_element_type=jnp.float32)
+
+
+@struct.dataclass
+class Causal:
+  """Causal self-attention over one sequence per row (training and prefill).
+
+  Query t sees keys s <= t (and with a sliding window only those with t - s < size).
+
+  Attributes:
+    pos: B x T, the positions 0..T-1 of every row.
+    keep_kv: return each layer's (k, v) (prefill: the cache's prefix); training drops them.
+  """
+
+  pos: jax.Array
+  keep_kv: bool = struct.field(pytree_node=False, default=True)
+
+  def __call__(self, view, q_BxTxHxDh, k_BxTxHkxDh, v_BxTxHkxDh, *, layer, window, softcap):
+    del view
+    b, t, h, dh = q_BxTxHxDh.shape
+    q_BxTxHkxGxDh = _group(q_BxTxHxDh, k_BxTxHkxDh.shape[2])
+    s_BxTxHkxGxT = jnp.einsum(
+      "btngd,bsnd->btngs", q_BxTxHkxGxDh, k_BxTxHkxDh, preferred_element_type=jnp.float32
+    )
+    distance_TxT = jnp.arange(t)[:, None] - jnp.arange(t)
+    mask_Tx1x1xT = _sliding(distance_TxT >= 0, distance_TxT, window, layer)[:, None, None, :]
+    contract = _contract("btngs,bsnd->btngd", v_BxTxHkxDh)
+    o_BxTxHkxGxDh = _softmax_parts(
+      [(s_BxTxHkxGxT, mask_Tx1x1xT, contract)], softcap, q_BxTxHxDh.dtype
+    )
+    o_BxTxHxDh = o_BxTxHkxGxDh.reshape(b, t, h, dh).astype(q_BxTxHxDh.dtype)
+    return o_BxTxHxDh, ((k_BxTxHkxDh, v_BxTxHkxDh) if self.keep_kv else None)
+
+
+@struct.dataclass
+class Tails:
+  """T new tokens on each of K tails per row, against the row's shared prefix, the tail's
+  earlier entries and the new tokens up to and including itself.
+
+  The prefix is scored once per row over all K * T queries (never copied K times). The
+  layer's view is (prefix_k, prefix_v, tail_k, tail_v): B x S x Hk x Dh and
+  B x K x R x Hk x Dh.
+
+  Attributes:
+    prefix_len_B: valid prefix entries of each row.
+    tail_len_BxK: valid entries of each tail before these tokens.
+    pos: B x K x T, the absolute position of every new token (prefix_len + tail_len + t).
+  """
+
+  prefix_len_B: jax.Array
+  tail_len_BxK: jax.Array
+  pos: jax.Array
+
+  def __call__(self, view, q_BxKxTxHxDh, k_BxKxTxHkxDh, v_BxKxTxHkxDh, *, layer, window, softcap):
+    prefix_k, prefix_v, tail_k, tail_v = view
+    b, k, t, h, dh = q_BxKxTxHxDh.shape
+    s, r = prefix_k.shape[1], tail_k.shape[2]
+    q_BxKxTxHkxGxDh = _group(q_BxKxTxHxDh, prefix_k.shape[2])
+    score = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
+    pos_BxKxTx1 = self.pos[..., None]
+    # Masks broadcast over heads (axes 3, 4); K and T broadcast (size 1) where they can.
+    pre_BxKxTxS = (jnp.arange(s) < self.prefix_len_B[:, None])[:, None, None, :]
+    pre_BxKxTxS = _sliding(pre_BxKxTxS, pos_BxKxTx1 - jnp.arange(s), window, layer)
+    old_BxKxTxR = (jnp.arange(r) < self.tail_len_BxK[..., None])[:, :, None, :]
+    old_pos_BxKx1xR = (self.prefix_len_B[:, None, None] + jnp.arange(r))[:, :, None, :]
+    old_BxKxTxR = _sliding(old_BxKxTxR, pos_BxKxTx1 - old_pos_BxKx1xR, window, layer)
+    distance_TxU = jnp.arange(t)[:, None] - jnp.arange(t)
+    new_TxU = _sliding(distance_TxU >= 0, distance_TxU, window, layer)
+    heads = lambda m: m[:, :, :, None, None, :]  # noqa: E731
+    parts = [
+      (
+        score("bktngd,bsnd->bktngs", q_BxKxTxHkxGxDh, prefix_k),
+        heads(pre_BxKxTxS),
+        _contract("bktngs,bsnd->bktngd", prefix_v),
+      ),
+      (
+        score("bktngd,bkrnd->bktngr", q_BxKxTxHkxGxDh, tail_k),
+        heads(old_BxKxTxR),
+        _contract("bktngr,bkrnd->bktngd", tail_v),
+      ),
+      (
+        score("bktngd,bkund->bktngu", q_BxKxTxHkxGxDh, k_BxKxTxHkxDh.astype(tail_k.dtype)),
+        new_TxU[None, None, :, None, None, :],
+        _contract("bktngu,bkund->bktngd", v_BxKxTxHkxDh.astype(tail_v.dtype)),
+      ),
+    ]
+    o = _softmax_parts(parts, softcap, prefix_v.dtype)
+    return o.reshape(b, k, t, h, dh).astype(q_BxKxTxHxDh.dtype), (k_BxKxTxHkxDh, v_BxKxTxHkxDh)
+
+
+@struct.dataclass
+class Tree:
+  """The N nodes of a token tree per row against the row's prefix and the nodes each sees
+  (its ancestors and itself). The layer's view is (prefix_k, prefix_v): B x S x Hk x Dh.
+
+  Attributes:
+    prefix_len_B: valid prefix entries of each row.
+    visible_BxNxN: bool, node i sees node j (`ancestor_mask`; the diagonal included).
+    pos: B x N, the absolute position of every node (prefix_len + depth).
+  """
+
+  prefix_len_B: jax.Array
+  visible_BxNxN: jax.Array
+  pos: jax.Array
+
+  def __call__(self, view, q_BxNxHxDh, k_BxNxHkxDh, v_BxNxHkxDh, *, layer, window, softcap):
+    prefix_k, prefix_v = view
+    b, n, h, dh = q_BxNxHxDh.shape
+    s = prefix_k.shape[1]
+    q_BxNxHkxGxDh = _group(q_BxNxHxDh, prefix_k.shape[2])
+    score = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
+    pos_BxNx1 = self.pos[:, :, None]
+    # N broadcasts (size 1) unless a sliding window makes the prefix mask query-dependent.
+    pre_BxNxS = (jnp.arange(s) < self.prefix_len_B[:, None])[:, None, :]
+    pre_BxNxS = _sliding(pre_BxNxS, pos_BxNx1 - jnp.arange(s), window, layer)
+    node_BxNxN = _sliding(self.visible_BxNxN, pos_BxNx1 - self.pos[:, None, :], window, layer)
+    parts = [
+      (
+        score("bingd,bsnd->bings", q_BxNxHkxGxDh, prefix_k),
+        pre_BxNxS[:, :, None, None, :],
+        _contract("bings,bsnd->bingd", prefix_v),
+      ),
+      (
+        score("bingd,bjnd->bingj", q_BxNxHkxGxDh, k_BxNxHkxDh.astype(prefix_k.dtype)),
+        node_BxNxN[:, :, None, None, :],
+        _contract("bingj,bjnd->bingd", v_BxNxHkxDh.astype(prefix_v.dtype)),
+      ),
+    ]
+    o = _softmax_parts(parts, softcap, prefix_v.dtype)
+    return o.reshape(b, n, h, dh).astype(q_BxNxHxDh.dtype), (k_BxNxHkxDh, v_BxNxHkxDh)
 
 
 def write_tail(
-  tail_BxKxRxHkxDh: jax.Array, new_BxKxTxHkxDh: jax.Array, start_BxK: jax.Array
+  tail_YxBxKxRxHkxDh: jax.Array, new_YxBxKxTxHkxDh: jax.Array, start_BxK: jax.Array
 ) -> jax.Array:
-  """Writes T new entries of every tail at its own start; entries past R are dropped."""
+  """Writes every layer's T new entries of every tail at the tail's own start, in one
+  scatter; entries past R are dropped."""
 
-  def write(tail_RxHkxDh, new_TxHkxDh, start):
-    pos_T = start + jnp.arange(new_TxHkxDh.shape[0])
-    return tail_RxHkxDh.at[pos_T].set(new_TxHkxDh.astype(tail_RxHkxDh.dtype), mode="drop")
+  def write(tail_YxRxHkxDh, new_YxTxHkxDh, start):
+    pos_T = start + jnp.arange(new_YxTxHkxDh.shape[1])
+    return tail_YxRxHkxDh.at[:, pos_T].set(new_YxTxHkxDh.astype(tail_YxRxHkxDh.dtype), mode="drop")
 
-  return jax.vmap(jax.vmap(write))(tail_BxKxRxHkxDh, new_BxKxTxHkxDh, start_BxK)
-
-
-def tails(
-  q_BxKxTxHxDh: jax.Array,
-  prefix_k_BxSxHkxDh: jax.Array,
-  prefix_v_BxSxHkxDh: jax.Array,
-  prefix_len_B: jax.Array,
-  tail_k_BxKxRxHkxDh: jax.Array,
-  tail_v_BxKxRxHkxDh: jax.Array,
-  tail_pos_BxKxT: jax.Array,
-  *,
-  window: int | None,
-  softcap: float | None,
-) -> jax.Array:
-  """Attention of K tails of queries to their row's shared prefix and their own tail.
-
-  Scores against the prefix are one einsum per row over all K*T queries (the prefix is
-  never copied K times); scores against each tail are separate; one softmax covers both.
-
-  Args:
-    q_BxKxTxHxDh: queries (already rotated).
-    prefix_k_BxSxHkxDh: prefix keys; prefix_v_BxSxHkxDh: prefix values.
-    prefix_len_B: valid prefix entries of each row.
-    tail_k_BxKxRxHkxDh: tail keys including the new ones; tail_v_BxKxRxHkxDh: values.
-    tail_pos_BxKxT: the tail slot of every query; it sees tail slots up to this one.
-    window: with a sliding window, a query at position q sees keys at k > q - window only.
-    softcap: the soft-cap of the scores, or None.
-
-  Returns:
-    o_BxKxTxHxDh, the attention output.
-  """
-  b, k, t, h, dh = q_BxKxTxHxDh.shape
-  s = prefix_k_BxSxHkxDh.shape[1]
-  q_BxKxTxHkxGxDh = _group(q_BxKxTxHxDh, prefix_k_BxSxHkxDh.shape[2])
-  f32 = jnp.float32
-  s_pre_BxKxTxHkxGxS = jnp.einsum(
-    "bktngd,bsnd->bktngs", q_BxKxTxHkxGxDh, prefix_k_BxSxHkxDh, preferred_element_type=f32
+  over_tails = jax.vmap(write, in_axes=(1, 1, 0), out_axes=1)
+  return jax.vmap(over_tails, in_axes=(1, 1, 0), out_axes=1)(
+    tail_YxBxKxRxHkxDh, new_YxBxKxTxHkxDh, start_BxK
   )
-  s_tail_BxKxTxHkxGxR = jnp.einsum(
-    "bktngd,bkrnd->bktngr", q_BxKxTxHkxGxDh, tail_k_BxKxRxHkxDh, preferred_element_type=f32
-  )
-  # K and T broadcast (size 1) unless a sliding window makes the mask query-dependent.
-  pre_mask_BxKxTxS = (jnp.arange(s) < prefix_len_B[:, None])[:, None, None, :]
-  r = tail_k_BxKxRxHkxDh.shape[2]
-  tail_mask_BxKxTxR = jnp.arange(r) <= tail_pos_BxKxT[..., None]
-  if window is not None:
-    pos_BxKxTx1 = (prefix_len_B[:, None, None] + tail_pos_BxKxT)[..., None]
-    pre_mask_BxKxTxS = pre_mask_BxKxTxS & (pos_BxKxTx1 - jnp.arange(s) < window)
-    tail_mask_BxKxTxR &= tail_pos_BxKxT[..., None] - jnp.arange(r) < window
-  p_pre, p_tail = _joint_softmax(
-    s_pre_BxKxTxHkxGxS,
-    pre_mask_BxKxTxS[:, :, :, None, None, :],
-    s_tail_BxKxTxHkxGxR,
-    tail_mask_BxKxTxR[:, :, :, None, None, :],
-    softcap,
-    prefix_v_BxSxHkxDh.dtype,
-  )
-  o_BxKxTxHkxGxDh = jnp.einsum("bktngs,bsnd->bktngd", p_pre, prefix_v_BxSxHkxDh)
-  o_BxKxTxHkxGxDh += jnp.einsum("bktngr,bkrnd->bktngd", p_tail, tail_v_BxKxRxHkxDh)
-  return o_BxKxTxHkxGxDh.reshape(b, k, t, h, dh)
 
 
 def ancestor_mask(parent_BxN: jax.Array) -> jax.Array:
@@ -173,69 +252,3 @@ def ancestor_mask(parent_BxN: jax.Array) -> jax.Array:
     visible_BxNxN = visible_BxNxN | (rows_BxNxN & has_BxN[:, :, None])
     jump_BxN = jnp.where(has_BxN, jnp.take_along_axis(jump_BxN, at_BxN, axis=1), -1)
   return visible_BxNxN
-
-
-def tree(
-  q_BxNxHxDh: jax.Array,
-  prefix_k_BxSxHkxDh: jax.Array,
-  prefix_v_BxSxHkxDh: jax.Array,
-  prefix_len_B: jax.Array,
-  node_k_BxRxHkxDh: jax.Array,
-  node_v_BxRxHkxDh: jax.Array,
-  visible_BxNxR: jax.Array,
-  pos_BxN: jax.Array,
-  node_pos_BxR: jax.Array,
-  *,
-  window: int | None,
-  softcap: float | None,
-) -> jax.Array:
-  """Attention of the N nodes of a token tree to their row's prefix and their ancestors.
-
-  Scores against the prefix are one einsum per row over all N queries (the prefix is
-  never copied); scores against the node slots are another; one softmax covers both.
-
-  Args:
-    q_BxNxHxDh: queries of the nodes (already rotated).
-    prefix_k_BxSxHkxDh: prefix keys; prefix_v_BxSxHkxDh: prefix values.
-    prefix_len_B: valid prefix entries of each row.
-    node_k_BxRxHkxDh: keys of the node slots, including the new ones; node_v_BxRxHkxDh:
-      their values.
-    visible_BxNxR: bool, node i sees slot j (j is i or an ancestor of i); must hold the
-      diagonal (a node sees its own key), False for slots no node fills.
-    pos_BxN: the absolute position of each query node.
-    node_pos_BxR: the absolute position of each node slot (read only with a window).
-    window: with a sliding window, a query at position q sees keys at k > q - window only
-      (a prefix key's position is its index).
-    softcap: the soft-cap of the scores, or None.
-
-  Returns:
-    o_BxNxHxDh, the attention output.
-  """
-  b, n, h, dh = q_BxNxHxDh.shape
-  s = prefix_k_BxSxHkxDh.shape[1]
-  q_BxNxHkxGxDh = _group(q_BxNxHxDh, prefix_k_BxSxHkxDh.shape[2])
-  f32 = jnp.float32
-  s_pre_BxNxHkxGxS = jnp.einsum(
-    "bingd,bsnd->bings", q_BxNxHkxGxDh, prefix_k_BxSxHkxDh, preferred_element_type=f32
-  )
-  s_node_BxNxHkxGxR = jnp.einsum(
-    "bingd,brnd->bingr", q_BxNxHkxGxDh, node_k_BxRxHkxDh, preferred_element_type=f32
-  )
-  # N broadcasts (size 1) unless a sliding window makes the prefix mask query-dependent.
-  pre_mask_BxNxS = (jnp.arange(s) < prefix_len_B[:, None])[:, None, :]
-  node_mask_BxNxR = visible_BxNxR
-  if window is not None:
-    pos_BxNx1 = pos_BxN[:, :, None]
-    pre_mask_BxNxS = pre_mask_BxNxS & (pos_BxNx1 - jnp.arange(s) < window)
-    node_mask_BxNxR = node_mask_BxNxR & (pos_BxNx1 - node_pos_BxR[:, None, :] < window)
-  p_pre, p_node = _joint_softmax(
-    s_pre_BxNxHkxGxS,
-    pre_mask_BxNxS[:, :, None, None, :],
-    s_node_BxNxHkxGxR,
-    node_mask_BxNxR[:, :, None, None, :],
-    softcap,
-    prefix_v_BxSxHkxDh.dtype,
-  )
-  o_BxNxHkxGxDh = jnp.einsum("bings,bsnd->bingd", p_pre, prefix_v_BxSxHkxDh)
-  o_BxNxHkxGxDh += jnp.einsum("bingr,brnd->bingd", p_node, node_v_BxRxHkxDh)
-  return o_BxNxHkxGxDh.reshape(b, n, h, dh)

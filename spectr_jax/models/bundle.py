@@ -8,6 +8,7 @@ import jax
 import numpy as np
 from flax import struct
 
+from spectr_jax.models import layout
 from spectr_jax.models.config import ModelConfig
 from spectr_jax.models.protocol import Decoder, decoder
 from spectr_jax.models.transformer import Transformer
@@ -29,6 +30,11 @@ class ModelBundle:
   def decoder(self) -> Decoder:
     """The decoder of this config (`models.decoder`)."""
     return decoder(self.config)
+
+  def for_decoding(self) -> "ModelBundle":
+    """The bundle as a decode holds it: the decoder's layout, every float in the compute
+    dtype (`layout.for_decoding`; a no-op where it already is)."""
+    return self.replace(params=layout.for_decoding(self.params, self.config))
 
   @property
   def model(self) -> Transformer:

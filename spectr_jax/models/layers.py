@@ -11,10 +11,20 @@ entry; `spectr_jax.sharding.RULES` maps the logical names to mesh axes:
   heads      query heads H           kv_heads   key/value heads Hk
   head_dim   Dh                      mlp        MLP width F
   positions  rows of a learned position table
+  layers     the stacked layers Y (added by the layer stack, `transformer.Transformer`)
+  qkv        a key/value head's G queries, its key and its value (G + 2, fused w_qkv)
+  gate_up    the gate and up halves of a gated MLP's fused input projection (2)
 
-Letters beyond the package legend: Dh head width, F MLP width, X any leading shape.
+Projections that read the same input are one matmul each: q, k and v (`w_qkv`, grouped by
+key/value head, so sharding the key/value heads keeps every group on one device) and a
+gated MLP's gate and up (`w_gate_up`). Checkpoints stored per projection map onto these
+in `spectr_jax.models.layout`.
+
+Letters beyond the package legend: Dh head width, F MLP width, G query heads per key/value
+head, X any leading shape.
 """
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -45,15 +55,30 @@ class Logical(struct.PyTreeNode, meta.AxisMetadata):
     return self.replace(value=val)
 
   def add_axis(self, index: int, params: dict[Any, Any]) -> "Logical":
-    raise NotImplementedError("logical axes of a lifted (scanned, vmapped) parameter")
+    """The parameter stacked by a lifted transform (the layer stack's `nn.scan`): the new
+    dimension is named by its `nn.PARTITION_NAME` metadata."""
+    names = list(self.names)
+    names.insert(index, params[nn.PARTITION_NAME])
+    return self.replace(names=tuple(names))
 
   def remove_axis(self, index: int, params: dict[Any, Any]) -> "Logical":
-    raise NotImplementedError("logical axes of a lifted (scanned, vmapped) parameter")
+    del params
+    return self.replace(names=self.names[:index] + self.names[index + 1 :])
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+  """A sliding attention window: a query at position t sees keys at positions > t - size,
+  on the layers whose index is a multiple of `every` (1: every layer; Gemma 2: 2)."""
+
+  size: int
+  every: int = 1
 
 
 # attend(q_XxHxDh, k_XxHkxDh, v_XxHkxDh, *, window, softcap) -> (o_XxHxDh, kv): the attention
-# of one layer in the calling mode (`spectr_jax.models.attention`: the causal forward, or the
-# tails against a cached prefix); kv is whatever that mode keeps of the layer.
+# of one layer in the calling mode (`spectr_jax.models.attention`: the causal forward, the
+# tails or a token tree against a cached prefix), window a `Window` or None; kv is what that
+# mode keeps of the layer (its new keys and values, written to the cache after the stack).
 Attend = Callable[..., tuple[jax.Array, Any]]
 
 
@@ -125,6 +150,11 @@ def rope(x_XxHxDh: jax.Array, pos_X: jax.Array, freq_Half: jax.Array) -> jax.Arr
   return out.astype(x_XxHxDh.dtype)
 
 
+def window(config: ModelConfig, every: int = 1) -> Window | None:
+  """The config's sliding window on the layers whose index is a multiple of `every`."""
+  return None if config.sliding_window is None else Window(config.sliding_window, every)
+
+
 def gelu_tanh(x: jax.Array) -> jax.Array:
   """The tanh-approximated GELU (Gemma's GeGLU gate, GPT-2's MLP)."""
   return jax.nn.gelu(x, approximate=True)
@@ -138,27 +168,27 @@ def softcap(x: jax.Array, cap: float | None) -> jax.Array:
 class Block(nn.Module):
   """The base of the families' decoder blocks: attention and MLP over parameters with
   logical axes, for a family's `__call__(x_XxD, pos_X, attend) -> (x_XxD, kv)` (under
-  `nn.compact`) to compose.
+  `nn.compact`) to compose. The layer stack (`transformer.Transformer`) stacks every
+  block parameter along a leading "layers" axis.
 
   `attend` (`Attend`) is the attention of this layer in the calling mode.
 
   Attributes:
     config: the model hyper-parameters.
-    layer: the index of this block (0-based), for families whose layers differ.
   """
 
   config: ModelConfig
-  layer: int
 
   def weight(
     self, name: str, shape: tuple[int, ...], axes: tuple[str, ...], in_axis=0, out_axis=-1
   ) -> jax.Array:
-    """A float32 weight (LeCun-normal over in_axis) named `name`, in the compute dtype."""
+    """A weight (created float32, LeCun-normal over in_axis) named `name`, in the compute
+    dtype (no operation when it is stored in it: `layout.for_decoding`)."""
     init = logical(nn.initializers.lecun_normal(in_axis=in_axis, out_axis=out_axis), *axes)
     return self.param(name, init, shape, jnp.float32).astype(self.config.compute_dtype)
 
   def bias(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...]) -> jax.Array:
-    """A float32 bias (zeros) named `name`, in the compute dtype."""
+    """A bias (created float32, zeros) named `name`, in the compute dtype."""
     bias = self.param(name, logical(nn.initializers.zeros, *axes), shape, jnp.float32)
     return bias.astype(self.config.compute_dtype)
 
@@ -171,25 +201,25 @@ class Block(nn.Module):
     qkv_bias: bool = False,
     out_bias: bool = False,
     query_scale: float | None = None,
-    window: int | None = None,
+    window: Window | None = None,
     softcap: float | None = None,
   ) -> tuple[jax.Array, Any]:
-    """Grouped-query self-attention: w_q, w_k, w_v, w_o (b_q, b_k, b_v with qkv_bias, b_o
-    with out_bias), queries times query_scale (None: Dh^-1/2), RoPE where the config has
-    a rope_base, `attend` with the window and soft-cap of the scores."""
+    """Grouped-query self-attention: w_qkv (b_qkv with qkv_bias), w_o (b_o with out_bias),
+    queries times query_scale (None: Dh^-1/2), RoPE where the config has a rope_base,
+    `attend` with the window and soft-cap of the scores.
+
+    w_qkv is D x Hk x (G + 2) x Dh: for key/value head n, its G query heads (query head
+    n G + g), then its key, then its value."""
     cfg = self.config
-    d, h, hk, dh = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    w_q = self.weight("w_q", (d, h, dh), ("embed", "heads", "head_dim"), 0, (1, 2))
-    w_k = self.weight("w_k", (d, hk, dh), ("embed", "kv_heads", "head_dim"), 0, (1, 2))
-    w_v = self.weight("w_v", (d, hk, dh), ("embed", "kv_heads", "head_dim"), 0, (1, 2))
+    d, h, hk, g, dh = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim
+    axes = ("embed", "kv_heads", "qkv", "head_dim")
+    w_qkv = self.weight("w_qkv", (d, hk, g + 2, dh), axes, 0, (1, 2, 3))
     w_o = self.weight("w_o", (h, dh, d), ("heads", "head_dim", "embed"), (0, 1), 2)
-    q_XxHxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_q)
-    k_XxHkxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_k)
-    v_XxHkxDh = jnp.einsum("...d,dhk->...hk", y_XxD, w_v)
+    qkv_XxHkxG2xDh = jnp.einsum("...d,dngk->...ngk", y_XxD, w_qkv)
     if qkv_bias:
-      q_XxHxDh = q_XxHxDh + self.bias("b_q", (h, dh), ("heads", "head_dim"))
-      k_XxHkxDh = k_XxHkxDh + self.bias("b_k", (hk, dh), ("kv_heads", "head_dim"))
-      v_XxHkxDh = v_XxHkxDh + self.bias("b_v", (hk, dh), ("kv_heads", "head_dim"))
+      qkv_XxHkxG2xDh = qkv_XxHkxG2xDh + self.bias("b_qkv", (hk, g + 2, dh), axes[1:])
+    q_XxHxDh = qkv_XxHkxG2xDh[..., :g, :].reshape(*y_XxD.shape[:-1], h, dh)
+    k_XxHkxDh, v_XxHkxDh = qkv_XxHkxG2xDh[..., g, :], qkv_XxHkxG2xDh[..., g + 1, :]
     q_XxHxDh = q_XxHxDh * (dh**-0.5 if query_scale is None else query_scale)
     if cfg.rope_base is not None:
       freq_Half = rope_frequencies(cfg)
@@ -209,23 +239,22 @@ class Block(nn.Module):
     gated: bool = True,
     bias: bool = False,
   ) -> jax.Array:
-    """activation(y W_gate) * y W_up (gated: SwiGLU, GeGLU) or activation(y W_up), then
-    W_down; b_up, b_gate, b_down with `bias`."""
+    """activation(y W_gate) * y W_up (gated: SwiGLU, GeGLU; W_gate and W_up are the two
+    halves of w_gate_up, D x 2 x F) or activation(y W_up), then W_down; b_gate_up or b_up,
+    and b_down, with `bias`."""
     d, f = self.config.d_model, self.config.mlp_dim
-    w_gate = self.weight("w_gate", (d, f), ("embed", "mlp")) if gated else None
-    w_up = self.weight("w_up", (d, f), ("embed", "mlp"))
-    w_down = self.weight("w_down", (f, d), ("mlp", "embed"))
-    up_XxF = y_XxD @ w_up
-    if bias:
-      up_XxF = up_XxF + self.bias("b_up", (f,), ("mlp",))
     if gated:
-      gate_XxF = y_XxD @ w_gate
+      w_in = self.weight("w_gate_up", (d, 2, f), ("embed", "gate_up", "mlp"), 0, (1, 2))
+      in_XxCxF = jnp.einsum("...d,dcf->...cf", y_XxD, w_in)
       if bias:
-        gate_XxF = gate_XxF + self.bias("b_gate", (f,), ("mlp",))
-      hidden_XxF = activation(gate_XxF) * up_XxF
+        in_XxCxF = in_XxCxF + self.bias("b_gate_up", (2, f), ("gate_up", "mlp"))
+      hidden_XxF = activation(in_XxCxF[..., 0, :]) * in_XxCxF[..., 1, :]
     else:
+      up_XxF = y_XxD @ self.weight("w_up", (d, f), ("embed", "mlp"))
+      if bias:
+        up_XxF = up_XxF + self.bias("b_up", (f,), ("mlp",))
       hidden_XxF = activation(up_XxF)
-    out_XxD = hidden_XxF @ w_down
+    out_XxD = hidden_XxF @ self.weight("w_down", (f, d), ("mlp", "embed"))
     if bias:
       out_XxD = out_XxD + self.bias("b_down", (d,), ("embed",))
     return out_XxD
@@ -243,7 +272,7 @@ class SequentialBlock(Block):
 
   def attention(self, y_XxD: jax.Array, pos_X: jax.Array, attend: Attend):
     """The family's self-attention of the normalised input: (attn_XxD, kv)."""
-    return self.self_attention(y_XxD, pos_X, attend, window=self.config.sliding_window)
+    return self.self_attention(y_XxD, pos_X, attend, window=window(self.config))
 
   def feed_forward(self, y_XxD: jax.Array) -> jax.Array:
     """The family's MLP of the normalised input."""

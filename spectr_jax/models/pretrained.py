@@ -3,10 +3,11 @@
 `load_pretrained(directory)` reads `config.json` and `model.safetensors` (or the shards
 listed by `model.safetensors.index.json`) of a model whose model_type a family loads
 (spectr_jax/models/families/: llama, mistral, qwen2, gemma, gemma2, gpt2), maps every
-tensor onto the parameter tree of its decoder by the family's layout, and returns a
-`ModelBundle` that the engine decodes like a trained pair. Tensors move to the device one
-at a time (read, reshape, cast, `jax.device_put`, dropped), so the host never holds more
-than the largest tensor beyond the device copy.
+tensor onto the per-layer parameter tree by the family's layout, stacks the layers and
+fuses the projections into the decoder's layout (`spectr_jax.models.layout`), and returns
+a `ModelBundle` that the engine decodes like a trained pair. Tensors are read, reshaped
+and cast on the host; the host holds the model once, in the load dtype, until each
+stacked parameter is placed on the device (or mesh).
 
 Nothing wrong loads in silence: every config.json value the loader reads is checked (sizes
 are bounded positive integers, epsilons positive finite numbers, RoPE settings in the
@@ -34,7 +35,7 @@ from jax.sharding import NamedSharding
 from safetensors import SafetensorError, safe_open
 
 from spectr_jax import sharding
-from spectr_jax.models import hf
+from spectr_jax.models import hf, layout
 from spectr_jax.models.bundle import ModelBundle, param_axes
 from spectr_jax.models.config import ModelConfig
 from spectr_jax.models.families import family_for_model_type, registered_families
@@ -370,9 +371,10 @@ def load_pretrained(
     dtype: the parameter and compute dtype ("float32", "bfloat16", "float16"); None = the
       checkpoint's torch_dtype. Logits are float32 in every case.
     max_len: S, the KV-cache capacity; None = min(max_position_embeddings, DEFAULT_MAX_LEN).
-    mesh: place each tensor on this mesh by `sharding.RULES` and its logical axes
-      (`param_axes`) as it is read (a target larger than one device's memory never sits
-      on one device); None = the default device.
+    mesh: place each parameter on this mesh by `sharding.RULES` and its logical axes
+      (`param_axes`) (a target larger than one device's memory never sits on one
+      device; the host holds the model once, in `dtype`, while it is stacked); None =
+      the default device.
 
   Returns:
     The `ModelBundle`: the config (logits over all embedding rows) and the parameters.
@@ -406,7 +408,6 @@ def load_pretrained(
         f"tensor {name!r} in {s.file.name} has shape {s.shape}; config.json implies {t.shape}"
       )
   np_dtype = _DTYPES[config.dtype]
-  axes = None if mesh is None else sharding.axes_by_path(param_axes(config))
   flat = {}
   for t in tensors:
     name = names[t.name]
@@ -421,10 +422,19 @@ def load_pretrained(
         raise CheckpointFormatError(
           f"tensor {name!r} in {file.name} has values beyond the range of float16"
         )
-      if mesh is None:
-        flat[param_path] = jax.device_put(value)
-      else:
-        spec = sharding.logical_spec(axes[param_path], value.shape, mesh)
-        flat[param_path] = sharding.put(value, NamedSharding(mesh, spec))
+      flat[param_path] = value
     del stored_array
-  return ModelBundle(config=config, params=traverse_util.unflatten_dict(flat))
+  # The tensors map onto the per-layer layout; the decoder's stacks the layers and fuses
+  # the projections, on the host, one parameter placed at a time.
+  params = layout.stack_layers(traverse_util.unflatten_dict(flat), config)
+  del flat
+  if mesh is None:
+    params = jax.device_put(params)
+  else:
+    axes = sharding.axes_by_path(param_axes(config))
+    flat = traverse_util.flatten_dict(params)
+    for path, value in flat.items():
+      spec = sharding.logical_spec(axes[path], value.shape, mesh)
+      flat[path] = sharding.put(value, NamedSharding(mesh, spec))
+    params = traverse_util.unflatten_dict(flat)
+  return ModelBundle(config=config, params=params)

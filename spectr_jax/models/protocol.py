@@ -99,20 +99,28 @@ class Decoder(Protocol):
     """The causal forward of whole sequences: logits_BxTxV, float32."""
 
 
+# Stacks of at least this many layers run under `lax.scan` by default (one compiled layer);
+# shallower ones unrolled (docs/PERFORMANCE.md, "Programs").
+SCAN_MIN_LAYERS = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerDecoder:
   """The `Decoder` of every family built on the shared `Transformer`.
 
   Attributes:
     config: the model hyper-parameters.
+    scan_layers: run the layer stack under `lax.scan` rather than unrolled (the same
+      parameters either way).
   """
 
   config: ModelConfig
+  scan_layers: bool = True
 
   @property
   def module(self) -> Transformer:
     """The flax module (its `apply({"params": params}, tokens_BxT)` is `logits`)."""
-    return Transformer(self.config)
+    return Transformer(self.config, self.scan_layers)
 
   @property
   def num_logits(self) -> int:
@@ -181,14 +189,21 @@ class TransformerDecoder:
     return self.module.apply({"params": params}, tokens_BxT)
 
 
-def decoder(config: ModelConfig) -> Decoder:
+def decoder(config: ModelConfig, scan_layers: bool | None = None) -> Decoder:
   """The decoder of `config` (its family and options checked).
+
+  Args:
+    config: the model config.
+    scan_layers: run the layer stack under `lax.scan` (True) or unrolled (False); None
+      scans stacks of at least `SCAN_MIN_LAYERS` layers.
 
   Raises:
     ValueError: an unknown family, or options the family does not take.
   """
   family_of(config)
-  return TransformerDecoder(config)
+  if scan_layers is None:
+    scan_layers = config.num_layers >= SCAN_MIN_LAYERS
+  return TransformerDecoder(config, bool(scan_layers))
 
 
 def _boxed_init(config: ModelConfig, key: jax.Array) -> Any:

@@ -1,17 +1,25 @@
-"""The decoder LM shared by every family: embedding, N blocks, final norm, logits.
+"""The decoder LM shared by every family: embedding, a stack of Y blocks, final norm, logits.
 
 The family of the config (`spectr_jax.models.families`) gives the pieces: its token
 embedding, an optional additive position embedding, its block (models/layers.py holds
 the shared attention and MLP), its final norm and its logits transform; the output layer
 (the tied embedding or `out_embedding`, restricted to output_vocab_size) is common.
 
+The layers are one stack: every block parameter carries a leading "layers" axis of Y
+(params["layers"]), and the stack runs under `lax.scan` (`scan_layers=True`: one compiled
+layer, whatever the depth) or unrolled (the same parameters sliced per layer). Each layer
+reads its slice of the cache; its new keys and values leave the stack stacked, and the
+call writes them to the cache once (`attention.write_tail`), not once per layer.
+
 Letters beyond the package legend: Hk key/value heads, G = H // Hk query heads per
 key/value head, Dh head width, F MLP width, R tail capacity, X any leading shape; in
-`extend_tree` N is the number of tree nodes (the layers are the cache's leading axis).
+`extend_tree` N is the number of tree nodes.
 
 The KV cache is an explicit pytree (`KVCache`) passed in and returned, never a mutable
 flax collection, so every method is a pure function of (params, inputs, cache).
 """
+
+import functools
 
 import flax.linen as nn
 import jax
@@ -23,20 +31,39 @@ from spectr_jax.models.config import ModelConfig
 from spectr_jax.models.families import family_of
 
 
+class _Layer(nn.Module):
+  """One layer of the stack: the family's block (sharing this module's scope, so its
+  parameters sit directly under "layers"), called with the layer's slice of the cache
+  (`view`) and the mode's attention (`spectr_jax.models.attention`)."""
+
+  config: ModelConfig
+
+  def setup(self):
+    self.block = family_of(self.config).block(self.config)
+    nn.share_scope(self, self.block)
+
+  def __call__(self, x_XxD: jax.Array, layer_and_view, mode):
+    layer, view = layer_and_view
+    return self.block(x_XxD, mode.pos, functools.partial(mode, view, layer=layer))
+
+
 class Transformer(nn.Module):
   """Decoder-only LM with a speculative-decoding KV cache.
 
   The family's token embedding (PaLM, Llama, GPT-2: N(0, 1) rows; Gemma: times sqrt(D)),
-  plus its position embedding (GPT-2's learned rows), feeds N of the family's blocks;
-  the logits are final_norm(x) @ E.T with E the input embedding (tied) or
+  plus its position embedding (GPT-2's learned rows), feeds a stack of Y of the family's
+  blocks; the logits are final_norm(x) @ E.T with E the input embedding (tied) or
   `out_embedding`, through the family's transform (PaLM: / sqrt(D); Gemma 2: soft-cap).
   Logits are float32.
 
   Attributes:
     config: the model hyper-parameters.
+    scan_layers: run the stack under `lax.scan` (one compiled layer) rather than unrolled
+      (`protocol.decoder` chooses by default).
   """
 
   config: ModelConfig
+  scan_layers: bool = True
 
   def setup(self):
     cfg = self.config
@@ -48,7 +75,16 @@ class Transformer(nn.Module):
       self.out_embedding = self.param(
         "out_embedding", init, (cfg.vocab_size, cfg.d_model), jnp.float32
       )
-    self.blocks = [family.block(cfg, layer=i, name=f"block_{i}") for i in range(cfg.num_layers)]
+    stack = nn.scan(
+      _Layer,
+      variable_axes={"params": 0},
+      split_rngs={"params": True},
+      in_axes=(0, nn.broadcast),
+      length=cfg.num_layers,
+      unroll=1 if self.scan_layers else cfg.num_layers,
+      metadata_params={nn.PARTITION_NAME: "layers"},
+    )
+    self.layers = stack(cfg)
     self.final_norm = family.norm(cfg)
 
   def _embed(self, tokens_XxT: jax.Array, pos_XxT: jax.Array) -> jax.Array:
@@ -67,16 +103,20 @@ class Transformer(nn.Module):
       logits_XxV = y_XxD @ table_VxD[: cfg.num_logits].astype(y_XxD.dtype).T
     return family_of(cfg).finish_logits(cfg, logits_XxV)
 
-  def _causal(self, tokens_BxT: jax.Array) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
-    """The causal forward at positions 0..T-1; returns logits and every layer's (k, v)."""
+  def _stack(self, x_XxD: jax.Array, mode, view=None):
+    """The Y layers on x in `mode`; `view` holds each layer's slice of the cache (leading
+    axis Y). Returns x and every layer's new (k, v), stacked along a leading Y."""
+    layer_Y = jnp.arange(self.config.num_layers)
+    return self.layers(x_XxD, (layer_Y, view), mode)
+
+  def _causal(self, tokens_BxT: jax.Array, keep_kv: bool):
+    """The causal forward at positions 0..T-1: logits and (with keep_kv) every layer's
+    (k_YxBxTxHkxDh, v_YxBxTxHkxDh)."""
     b, t = tokens_BxT.shape
     pos_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
     x_BxTxD = self._embed(tokens_BxT, pos_BxT)
-    kvs = []
-    for block in self.blocks:
-      x_BxTxD, kv = block(x_BxTxD, pos_BxT, attention.causal)
-      kvs.append(kv)
-    return self._logits(x_BxTxD), kvs
+    x_BxTxD, kv = self._stack(x_BxTxD, attention.Causal(pos_BxT, keep_kv))
+    return self._logits(x_BxTxD), kv
 
   def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
     """The causal forward for training.
@@ -87,7 +127,7 @@ class Transformer(nn.Module):
     Returns:
       logits_BxTxV, float32; position t predicts token t + 1.
     """
-    logits_BxTxV, _ = self._causal(tokens_BxT)
+    logits_BxTxV, _ = self._causal(tokens_BxT, keep_kv=False)
     return logits_BxTxV
 
   def prefill(
@@ -107,12 +147,10 @@ class Transformer(nn.Module):
     t = tokens_BxT.shape[1]
     if t > cache.S:
       raise ValueError(f"prompt length {t} exceeds the cache capacity S={cache.S}")
-    logits_BxTxV, kvs = self._causal(tokens_BxT)
-    k_YxBxTxHkxDh = jnp.stack([k for k, _ in kvs]).astype(cache.prefix_k.dtype)
-    v_YxBxTxHkxDh = jnp.stack([v for _, v in kvs]).astype(cache.prefix_v.dtype)
+    logits_BxTxV, (k_YxBxTxHkxDh, v_YxBxTxHkxDh) = self._causal(tokens_BxT, keep_kv=True)
     cache = cache.replace(
-      prefix_k=cache.prefix_k.at[:, :, :t].set(k_YxBxTxHkxDh),
-      prefix_v=cache.prefix_v.at[:, :, :t].set(v_YxBxTxHkxDh),
+      prefix_k=cache.prefix_k.at[:, :, :t].set(k_YxBxTxHkxDh.astype(cache.prefix_k.dtype)),
+      prefix_v=cache.prefix_v.at[:, :, :t].set(v_YxBxTxHkxDh.astype(cache.prefix_v.dtype)),
       prefix_len=lengths_B.astype(jnp.int32),
       tail_len=jnp.zeros_like(cache.tail_len),
     )
@@ -146,38 +184,15 @@ class Transformer(nn.Module):
     b, k, t = tokens_BxKxT.shape
     if (b, k) != (cache.B, cache.K):
       raise ValueError(f"tokens are {b} x {k} rows x tails, the cache {cache.B} x {cache.K}")
-    tail_pos_BxKxT = cache.tail_len[:, :, None] + jnp.arange(t)
-    pos_BxKxT = cache.prefix_len[:, None, None] + tail_pos_BxKxT
+    pos_BxKxT = cache.prefix_len[:, None, None] + cache.tail_len[:, :, None] + jnp.arange(t)
     x_BxKxTxD = self._embed(tokens_BxKxT, pos_BxKxT)
-    # Each layer's new entries go straight into the stacked tails (updated in place
-    # under jit; each layer reads its slice from the running array, never a stale one).
-    tail_k_all, tail_v_all = cache.tail_k, cache.tail_v
-    for n, block in enumerate(self.blocks):
-
-      def attend(q, k_new, v_new, *, window, softcap, n=n, old_k=tail_k_all[n],
-                 old_v=tail_v_all[n]):  # fmt: skip
-        tail_k = attention.write_tail(old_k, k_new, cache.tail_len)
-        tail_v = attention.write_tail(old_v, v_new, cache.tail_len)
-        o = attention.tails(
-          q,
-          cache.prefix_k[n],
-          cache.prefix_v[n],
-          cache.prefix_len,
-          tail_k,
-          tail_v,
-          tail_pos_BxKxT,
-          window=window,
-          softcap=softcap,
-        )
-        return o, (tail_k, tail_v)
-
-      x_BxKxTxD, (tail_k, tail_v) = block(x_BxKxTxD, pos_BxKxT, attend)
-      tail_k_all = tail_k_all.at[n].set(tail_k)
-      tail_v_all = tail_v_all.at[n].set(tail_v)
+    mode = attention.Tails(cache.prefix_len, cache.tail_len, pos_BxKxT)
+    view = (cache.prefix_k, cache.prefix_v, cache.tail_k, cache.tail_v)
+    x_BxKxTxD, (k_YxBxKxTxHkxDh, v_YxBxKxTxHkxDh) = self._stack(x_BxKxTxD, mode, view)
     num_new_B = jnp.full((b,), t, jnp.int32) if num_new_B is None else num_new_B
     cache = cache.replace(
-      tail_k=tail_k_all,
-      tail_v=tail_v_all,
+      tail_k=attention.write_tail(cache.tail_k, k_YxBxKxTxHkxDh, cache.tail_len),
+      tail_v=attention.write_tail(cache.tail_v, v_YxBxKxTxHkxDh, cache.tail_len),
       tail_len=cache.tail_len + num_new_B.astype(jnp.int32)[:, None],
     )
     if logits_at_B is not None:
@@ -223,35 +238,13 @@ class Transformer(nn.Module):
     if visible_BxNxN.shape != (b, n, n):
       raise ValueError(f"visible_BxNxN is {visible_BxNxN.shape}, expected {(b, n, n)}")
     pos_BxN = cache.prefix_len[:, None] + depth_BxN.astype(jnp.int32)
-    # Slots past the tree are never visible (and their positions never read).
-    visible_BxNxR = jnp.pad(visible_BxNxN.astype(bool), ((0, 0), (0, 0), (0, cache.R - n)))
-    node_pos_BxR = jnp.pad(pos_BxN, ((0, 0), (0, cache.R - n)))
     x_BxNxD = self._embed(tokens_BxN, pos_BxN)
-    # Each layer's nodes go straight into tail 0 of the stacked tails (as in `extend`).
-    tail_k_all, tail_v_all = cache.tail_k, cache.tail_v
-    for layer, block in enumerate(self.blocks):
-
-      def attend(q, k_new, v_new, *, window, softcap, layer=layer,
-                 old_k=tail_k_all[layer, :, 0], old_v=tail_v_all[layer, :, 0]):  # fmt: skip
-        node_k = old_k.at[:, :n].set(k_new.astype(old_k.dtype))
-        node_v = old_v.at[:, :n].set(v_new.astype(old_v.dtype))
-        o = attention.tree(
-          q,
-          cache.prefix_k[layer],
-          cache.prefix_v[layer],
-          cache.prefix_len,
-          node_k,
-          node_v,
-          visible_BxNxR,
-          pos_BxN,
-          node_pos_BxR,
-          window=window,
-          softcap=softcap,
-        )
-        return o, (node_k, node_v)
-
-      x_BxNxD, (node_k, node_v) = block(x_BxNxD, pos_BxN, attend)
-      tail_k_all = tail_k_all.at[layer, :, 0].set(node_k)
-      tail_v_all = tail_v_all.at[layer, :, 0].set(node_v)
-    cache = cache.replace(tail_k=tail_k_all, tail_v=tail_v_all)
+    mode = attention.Tree(cache.prefix_len, visible_BxNxN.astype(bool), pos_BxN)
+    x_BxNxD, (k_YxBxNxHkxDh, v_YxBxNxHkxDh) = self._stack(
+      x_BxNxD, mode, (cache.prefix_k, cache.prefix_v)
+    )
+    cache = cache.replace(
+      tail_k=cache.tail_k.at[:, :, 0, :n].set(k_YxBxNxHkxDh.astype(cache.tail_k.dtype)),
+      tail_v=cache.tail_v.at[:, :, 0, :n].set(v_YxBxNxHkxDh.astype(cache.tail_v.dtype)),
+    )
     return self._logits(x_BxNxD), cache

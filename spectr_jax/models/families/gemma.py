@@ -86,9 +86,9 @@ class Gemma2Options(llama.LlamaOptions):
         raise ValueError(f"{name} must be positive (or None), got {value}")
 
 
-def layer_window(config: ModelConfig, layer: int) -> int | None:
-  """Gemma 2's sliding window of layer `layer` (0-based): the even layers slide."""
-  return None if layer % 2 else config.sliding_window
+def layer_window(config: ModelConfig) -> layers.Window | None:
+  """Gemma 2's sliding window: on the even layers (0-based)."""
+  return layers.window(config, every=2)
 
 
 class Gemma2Block(Block):
@@ -104,7 +104,7 @@ class Gemma2Block(Block):
       qkv_bias=opts.qkv_bias,
       out_bias=opts.out_bias,
       query_scale=opts.query_scale,
-      window=layer_window(self.config, self.layer),
+      window=layer_window(self.config),
       softcap=opts.attn_softcap,
     )
 

@@ -57,7 +57,7 @@ class Block(layers.SequentialBlock):
 
   def attention(self, y_XxD: jax.Array, pos_X: jax.Array, attend: layers.Attend):
     return self.self_attention(
-      y_XxD, pos_X, attend, qkv_bias=True, out_bias=True, window=self.config.sliding_window
+      y_XxD, pos_X, attend, qkv_bias=True, out_bias=True, window=layers.window(self.config)
     )
 
   def feed_forward(self, y_XxD: jax.Array) -> jax.Array:

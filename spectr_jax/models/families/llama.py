@@ -48,7 +48,7 @@ class Block(layers.SequentialBlock):
       attend,
       qkv_bias=opts.qkv_bias,
       out_bias=opts.out_bias,
-      window=self.config.sliding_window,
+      window=layers.window(self.config),
     )
 
   def feed_forward(self, y_XxD: jax.Array) -> jax.Array:

@@ -19,7 +19,7 @@ class ParallelBlock(layers.Block):
     self, x_XxD: jax.Array, pos_X: jax.Array, attend: layers.Attend
   ) -> tuple[jax.Array, Any]:
     y_XxD = layers.rms_norm(self.config, "norm")(x_XxD)
-    attn_XxD, kv = self.self_attention(y_XxD, pos_X, attend, window=self.config.sliding_window)
+    attn_XxD, kv = self.self_attention(y_XxD, pos_X, attend, window=layers.window(self.config))
     return x_XxD + attn_XxD + self.mlp(y_XxD, jax.nn.silu), kv
 
 

@@ -1,0 +1,188 @@
+"""Parameter layouts: the stacked, fused layout the decoder runs on, the per-layer layout
+of checkpoints written before it, and the weights a decode holds.
+
+The decoder's layout (`transformer.Transformer`): every block parameter under "layers"
+with a leading axis of Y layers; q, k and v fused as w_qkv (D x Hk x (G + 2) x Dh: per
+key/value head its G query heads, its key, its value) and a gated MLP's gate and up as
+w_gate_up (D x 2 x F), with their biases b_qkv and b_gate_up.
+
+The per-layer layout (spectr-jax runs saved before the stack, and what the Hugging Face
+loaders read): "block_<i>" per layer, with w_q (D x H x Dh), w_k, w_v (D x Hk x Dh),
+b_q, b_k, b_v, w_gate and w_up (D x F), b_gate, b_up, and the rest as in the stack.
+`stack_layers` maps it onto the decoder's layout and `unstack_layers` back; both work on
+arrays or on shapes (`jax.ShapeDtypeStruct`).
+
+Decoding holds the weights in the compute dtype (`for_decoding`): the matmuls then read
+them as they are, with no convert per use, and a bfloat16 model holds half the bytes.
+Training keeps float32 master weights and casts per use.
+"""
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spectr_jax.models.config import ModelConfig
+
+_LAYER = re.compile(r"block_(\d+)$")
+
+
+def is_per_layer(params: Mapping[str, Any]) -> bool:
+  """Whether `params` is in the per-layer layout ("block_0", ...)."""
+  return any(_LAYER.match(str(key)) for key in params)
+
+
+def _xp(x):
+  """numpy for host arrays, jax.numpy otherwise (a loader keeps host arrays on the host)."""
+  return np if isinstance(x, np.ndarray) else jnp
+
+
+def _shape_only(x) -> bool:
+  return isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _stack(parts, axis: int):
+  """Stacks arrays (or shapes) along a new axis."""
+  if _shape_only(parts[0]):
+    shape = list(parts[0].shape)
+    shape.insert(axis % (len(shape) + 1), len(parts))
+    return jax.ShapeDtypeStruct(tuple(shape), parts[0].dtype)
+  return _xp(parts[0]).stack(parts, axis=axis)
+
+
+def _concat(parts, axis: int):
+  """Concatenates arrays (or shapes) along an existing axis."""
+  if _shape_only(parts[0]):
+    shape = list(parts[0].shape)
+    shape[axis] = sum(p.shape[axis] for p in parts)
+    return jax.ShapeDtypeStruct(tuple(shape), parts[0].dtype)
+  return _xp(parts[0]).concatenate(parts, axis=axis)
+
+
+def _reshape(x, shape: tuple[int, ...]):
+  if _shape_only(x):
+    return jax.ShapeDtypeStruct(shape, x.dtype)
+  return x.reshape(shape)
+
+
+def _take(x, index, axis: int):
+  """x[..., index, ...] along `axis` (an int or a slice), for arrays or shapes."""
+  if _shape_only(x):
+    shape = list(x.shape)
+    if isinstance(index, slice):
+      shape[axis] = len(range(*index.indices(shape[axis])))
+    else:
+      del shape[axis]
+    return jax.ShapeDtypeStruct(tuple(shape), x.dtype)
+  where = [slice(None)] * x.ndim
+  where[axis] = index
+  return x[tuple(where)]
+
+
+def _fuse_block(block: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
+  """One layer's parameters: per-projection -> fused (w_qkv, w_gate_up and biases)."""
+  hk, g = config.num_kv_heads, config.num_groups
+  out = dict(block)
+  for kind, lead in (("w", 1), ("b", 0)):  # weights have D before the heads, biases not
+    names = [f"{kind}_{n}" for n in "qkv"]
+    if not all(n in block for n in names):
+      continue
+    q, k, v = (out.pop(n) for n in names)
+    shape = q.shape[:lead] + (hk, g, q.shape[-1])
+    kv_shape = k.shape[:lead] + (hk, 1, k.shape[-1])
+    parts = [_reshape(q, shape), _reshape(k, kv_shape), _reshape(v, kv_shape)]
+    out[f"{kind}_qkv"] = _concat(parts, axis=lead + 1)
+  for kind, lead in (("w", 1), ("b", 0)):
+    gate, up = f"{kind}_gate", f"{kind}_up"
+    if gate in block:
+      out[f"{kind}_gate_up"] = _stack([out.pop(gate), out.pop(up)], axis=lead)
+  return out
+
+
+def _split_block(block: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
+  """One layer's parameters: fused -> per-projection (the inverse of `_fuse_block`)."""
+  h, g = config.num_heads, config.num_groups
+  out = dict(block)
+  for kind, lead in (("w", 1), ("b", 0)):
+    if f"{kind}_qkv" in block:
+      qkv = out.pop(f"{kind}_qkv")
+      q = _take(qkv, slice(0, g), lead + 1)
+      out[f"{kind}_q"] = _reshape(q, qkv.shape[:lead] + (h, qkv.shape[-1]))
+      out[f"{kind}_k"] = _take(qkv, g, lead + 1)
+      out[f"{kind}_v"] = _take(qkv, g + 1, lead + 1)
+    if f"{kind}_gate_up" in block:
+      gate_up = out.pop(f"{kind}_gate_up")
+      out[f"{kind}_gate"], out[f"{kind}_up"] = _take(gate_up, 0, lead), _take(gate_up, 1, lead)
+  return out
+
+
+def _map_leaves(fn, *trees):
+  """fn over the leaves of nested dicts (arrays and shapes are leaves)."""
+  if isinstance(trees[0], Mapping):
+    return {key: _map_leaves(fn, *(t[key] for t in trees)) for key in trees[0]}
+  return fn(*trees)
+
+
+def stack_layers(params: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
+  """The per-layer layout -> the decoder's (fused projections, layers stacked).
+
+  Args:
+    params: parameters (or shapes) in the per-layer layout; parameters that are no
+      layer's pass unchanged.
+    config: their model config.
+
+  Returns:
+    The parameters in the decoder's layout.
+
+  Raises:
+    ValueError: the layers are not block_0 .. block_<Y-1> of config.num_layers.
+  """
+  layers = sorted(
+    (int(m.group(1)), key) for key in params if (m := _LAYER.match(str(key))) is not None
+  )
+  if [i for i, _ in layers] != list(range(config.num_layers)):
+    raise ValueError(
+      f"per-layer parameters hold layers {[i for i, _ in layers]}, the config "
+      f"{config.num_layers} (block_0 .. block_{config.num_layers - 1})"
+    )
+  blocks = [_fuse_block(params[key], config) for _, key in layers]
+  out = {key: value for key, value in params.items() if not _LAYER.match(str(key))}
+  out["layers"] = _map_leaves(lambda *xs: _stack(list(xs), axis=0), *blocks)
+  return out
+
+
+def unstack_layers(params: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
+  """The decoder's layout -> the per-layer layout (the inverse of `stack_layers`)."""
+  out = {key: value for key, value in params.items() if key != "layers"}
+  for i in range(config.num_layers):
+    block = _map_leaves(lambda x, i=i: _take(x, i, 0), params["layers"])
+    out[f"block_{i}"] = _split_block(block, config)
+  return out
+
+
+def for_decoding(params: Any, config: ModelConfig) -> Any:
+  """The parameters as a decode holds them: in the decoder's layout, every float in the
+  compute dtype (cast once here, so no round converts a weight).
+
+  Arrays stay where they are (a sharded array keeps its sharding); host arrays stay on
+  the host.
+  """
+  if is_per_layer(params):
+    params = stack_layers(params, config)
+  dtype = config.compute_dtype
+
+  def cast(x):
+    if _shape_only(x):
+      return jax.ShapeDtypeStruct(x.shape, dtype if _floating(x) else x.dtype, sharding=x.sharding)
+    if not _floating(x) or x.dtype == dtype:
+      return x
+    return x.astype(dtype)
+
+  return jax.tree.map(cast, params)
+
+
+def _floating(x) -> bool:
+  return jnp.issubdtype(x.dtype, jnp.floating)

@@ -1,0 +1,128 @@
+"""Tests of the parameter layouts (`spectr_jax.models.layout`): the per-layer layout of
+older runs and checkpoints maps onto the decoder's stacked, fused one and back, and a
+decode holds its weights in the compute dtype."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spectr_jax.models import (
+  ModelBundle,
+  ModelConfig,
+  for_decoding,
+  init_params,
+  is_per_layer,
+  stack_layers,
+  unstack_layers,
+)
+from spectr_jax.models.families import gemma, gpt2, llama
+
+FAMILIES = {
+  "palm": {},
+  "llama": dict(family="llama", options=llama.LlamaOptions(True, True, True), num_kv_heads=2),
+  "gpt2": dict(family="gpt2", rope_base=None, options=gpt2.GPT2Options(32), num_kv_heads=4),
+  "gemma2": dict(family="gemma2", options=gemma.Gemma2Options(query_scale=0.3), sliding_window=3),
+  "mqa": dict(num_kv_heads=1),
+}
+
+
+def _config(**overrides) -> ModelConfig:
+  fields = dict(
+    vocab_size=37,
+    d_model=16,
+    num_layers=3,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=4,
+    mlp_dim=24,
+    max_len=16,
+  )
+  return ModelConfig(**{**fields, **overrides})
+
+
+def _random(shapes, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), shapes)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_per_layer_and_stacked_layouts_map_onto_each_other(family):
+  config = _config(**FAMILIES[family])
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+  params = _random(shapes)
+  old = unstack_layers(params, config)
+  assert is_per_layer(old) and not is_per_layer(params)
+  assert sorted(k for k in old if k.startswith("block_")) == ["block_0", "block_1", "block_2"]
+  back = stack_layers(old, config)
+  assert jax.tree.structure(back) == jax.tree.structure(params)
+  for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params), strict=True):
+    np.testing.assert_array_equal(a, b)
+  # The same maps on shapes alone (the abstract trees orbax restores into).
+  old_shapes = unstack_layers(shapes, config)
+  assert jax.tree.map(np.shape, old) == jax.tree.map(lambda x: x.shape, old_shapes)
+  assert jax.tree.map(lambda x: x.shape, stack_layers(old_shapes, config)) == jax.tree.map(
+    lambda x: x.shape, shapes
+  )
+
+
+def test_the_per_layer_projections_are_the_fused_ones_sliced():
+  """w_qkv holds, per key/value head n, query heads n G .. n G + G - 1, then k_n, v_n;
+  w_gate_up the gate then the up projection."""
+  config = _config(num_heads=6, num_kv_heads=2)  # G = 3
+  params = _random(jax.eval_shape(lambda: init_params(config, jax.random.key(0))))
+  old = unstack_layers(params, config)["block_1"]
+  w_qkv = params["layers"]["w_qkv"][1]  # D x Hk x (G + 2) x Dh
+  for head in range(6):
+    np.testing.assert_array_equal(old["w_q"][:, head], w_qkv[:, head // 3, head % 3])
+  np.testing.assert_array_equal(old["w_k"], w_qkv[:, :, 3])
+  np.testing.assert_array_equal(old["w_v"], w_qkv[:, :, 4])
+  np.testing.assert_array_equal(old["w_gate"], params["layers"]["w_gate_up"][1, :, 0])
+  np.testing.assert_array_equal(old["w_up"], params["layers"]["w_gate_up"][1, :, 1])
+
+
+def test_stacking_refuses_missing_layers():
+  config = _config()
+  old = unstack_layers(init_params(config, jax.random.key(0)), config)
+  del old["block_1"]
+  with pytest.raises(ValueError, match=r"hold layers \[0, 2\], the config 3"):
+    stack_layers(old, config)
+
+
+def test_a_decode_holds_its_weights_in_the_compute_dtype():
+  config = _config(dtype="bfloat16")
+  params = init_params(config, jax.random.key(0))
+  assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+  cast = ModelBundle(config, params).for_decoding()
+  assert {x.dtype for x in jax.tree.leaves(cast.params)} == {jnp.dtype(jnp.bfloat16)}
+  np.testing.assert_array_equal(
+    cast.params["layers"]["w_o"], params["layers"]["w_o"].astype(jnp.bfloat16)
+  )
+  # Idempotent, and a no-op (the same arrays) where nothing is to change.
+  again = cast.for_decoding()
+  assert all(
+    a is b for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(cast.params), strict=True)
+  )
+  f32 = dataclasses.replace(config, dtype="float32")
+  same = for_decoding(params, f32)
+  assert all(a is b for a, b in zip(jax.tree.leaves(same), jax.tree.leaves(params), strict=True))
+  # Per-layer parameters are stacked on the way; shapes map like arrays.
+  stacked = for_decoding(unstack_layers(params, config), config)
+  assert jax.tree.structure(stacked) == jax.tree.structure(params)
+  shapes = for_decoding(jax.eval_shape(lambda: params), config)
+  assert {x.dtype for x in jax.tree.leaves(shapes)} == {jnp.dtype(jnp.bfloat16)}
+
+
+def test_bf16_decoding_logits_follow_the_float32_ones():
+  """The same weights cast to bfloat16 once (no cast per use) give logits close to the
+  float32 model's: the cast moves each weight by at most 2^-8 relatively."""
+  config = _config(num_layers=2)
+  params = init_params(config, jax.random.key(1))
+  bf16 = ModelBundle(dataclasses.replace(config, dtype="bfloat16"), params).for_decoding()
+  tokens = jnp.asarray([[1, 5, 9, 2, 7]], jnp.int32)
+  full = ModelBundle(config, params).decoder.logits(params, tokens)
+  half = bf16.decoder.logits(bf16.params, tokens)
+  assert half.dtype == jnp.float32
+  np.testing.assert_allclose(half, full, atol=0.15)
