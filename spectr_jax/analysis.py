@@ -42,10 +42,14 @@ def next_token_probs(
   temperature,
   top_k: int | None = None,
   top_p: float | None = None,
+  greedy: bool | None = None,
 ) -> jax.Array:
-  """The model's next-token distribution after every prefix: probs_BxTxV (float32)."""
+  """The model's next-token distribution after every prefix: probs_BxTxV (float32);
+  `greedy` as in `sampling.transform_probs` (needed with a traced temperature)."""
   logits_BxTxV = bundle.decoder.logits(bundle.params, tokens_BxT)
-  return sampling.transform_probs(logits_BxTxV, temperature, top_k=top_k, top_p=top_p)
+  return sampling.transform_probs(
+    logits_BxTxV, temperature, top_k=top_k, top_p=top_p, greedy=greedy
+  )
 
 
 class Trajectories(NamedTuple):
@@ -63,7 +67,6 @@ class Trajectories(NamedTuple):
   in_sentence_BxT: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=("num_tokens", "top_k"))
 def distributions(draft, target, tokens_BxW, lengths_B, num_tokens, temperature, top_k=None,
                   top_p=None, eos_ids_A=None):  # fmt: skip
   """p and q before each of the T sampled tokens, and which of them are in the sentence.
@@ -73,16 +76,25 @@ def distributions(draft, target, tokens_BxW, lengths_B, num_tokens, temperature,
     tokens_BxW: prompts with their samples (see `Trajectories`).
     lengths_B: prompt lengths.
     num_tokens: T, samples per row.
-    temperature, top_k, top_p: the sampling transforms (as in `engine.generate`).
+    temperature, top_k, top_p: the sampling transforms (as in `engine.generate`; the
+      temperature a number: 0 compiles greedy decoding's program).
     eos_ids_A: int32 stop tokens that end the sentence (default: EOS_ID).
 
   Returns:
     (p_BxTxV, q_BxTxV, in_sentence_BxT).
   """
+  greedy = float(temperature) <= 0
+  return _distributions(draft, target, tokens_BxW, lengths_B, num_tokens, temperature, top_k,
+                        top_p, eos_ids_A, greedy)  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=("num_tokens", "top_k", "greedy"))
+def _distributions(draft, target, tokens_BxW, lengths_B, num_tokens, temperature, top_k, top_p,
+                   eos_ids_A, greedy):  # fmt: skip
   pos_BxT = lengths_B[:, None] - 1 + jnp.arange(num_tokens)[None, :]
   p_BxTxV, q_BxTxV = (
     jnp.take_along_axis(
-      next_token_probs(m, tokens_BxW, temperature, top_k, top_p), pos_BxT[..., None], 1
+      next_token_probs(m, tokens_BxW, temperature, top_k, top_p, greedy), pos_BxT[..., None], 1
     )
     for m in (draft, target)
   )

@@ -461,6 +461,8 @@ KEY_WHEN_SET = "key_when_set"
 # `drafting.PROPORTIONAL` (named here, since this module imports no JAX code; a static
 # branching fits one K and L only, so it is `engine.generate`'s and bench_tree.py's).
 SWEEP_BRANCHINGS = ("", "proportional")
+# `DecodeSettings.layer_stack` -> `engine.generate(scan_layers=...)`.
+LAYER_STACKS = {"auto": None, "scan": True, "unroll": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -480,6 +482,9 @@ class DecodeSettings(Schema):
     branching: the tree a drafting scheme that takes one draws (`engine.generate(
       branching=...)`, "rrs"): "" for its default, or "proportional" (shaped by the
       draft's probabilities, any K and L). Cells of other schemes ignore it.
+    layer_stack: how the models' layers run (`engine.generate(scan_layers=...)`): "scan"
+      (one compiled layer under `lax.scan`), "unroll", or "auto" (scan for deep models
+      and token trees). The output law is the same; only compile and step times move.
 
   A field added after results were first stored carries `KEY_WHEN_SET` in its metadata:
   a cell's record (and so its key) holds it only where it differs from its default, so
@@ -495,6 +500,7 @@ class DecodeSettings(Schema):
   stop_at_eos: bool = False
   tree: bool = dataclasses.field(default=False, metadata={KEY_WHEN_SET: True})
   branching: str = dataclasses.field(default="", metadata={KEY_WHEN_SET: True})
+  layer_stack: str = dataclasses.field(default="auto", metadata={KEY_WHEN_SET: True})
 
   def __post_init__(self):
     _integers("num_prompts", [self.num_prompts], 1)
@@ -510,6 +516,10 @@ class DecodeSettings(Schema):
         raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
     if self.branching not in SWEEP_BRANCHINGS:
       raise ValueError(f"branching must be one of {SWEEP_BRANCHINGS}, got {self.branching!r}")
+    if self.layer_stack not in LAYER_STACKS:
+      raise ValueError(
+        f"layer_stack must be one of {tuple(LAYER_STACKS)}, got {self.layer_stack!r}"
+      )
     # Normalise the types, so equal settings hash (and key cells) equally.
     object.__setattr__(self, "temperature", float(self.temperature))
     object.__setattr__(self, "top_k", int(self.top_k))
@@ -526,8 +536,8 @@ class DecodeSettings(Schema):
 
   def sampling_args(self, eos_ids: Sequence[int] = (EOS_ID,)) -> dict[str, Any]:
     """The `engine.generate` arguments these settings fix: temperature, top_k, top_p,
-    eos_id (None where there is no truncation or no stop token), tree and branching
-    (None for the scheme's default).
+    eos_id (None where there is no truncation or no stop token), tree, branching (None
+    for the scheme's default) and scan_layers (None for "auto").
 
     Args:
       eos_ids: the pair's stop tokens (`Pair.special.eos`).
@@ -539,6 +549,7 @@ class DecodeSettings(Schema):
       eos_id=tuple(eos_ids) if self.stop_at_eos else None,
       tree=self.tree,
       branching=self.branching or None,
+      scan_layers=LAYER_STACKS[self.layer_stack],
     )
 
 

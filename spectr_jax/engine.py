@@ -93,16 +93,38 @@ def compiled_program(spec: DecodeSpec, mesh: jax.sharding.Mesh | None = None):
   return jax.jit(fn, compiler_options=compiler_options(mesh))
 
 
-def compiler_options(mesh: jax.sharding.Mesh | None = None) -> dict[str, bool]:
+def compiler_options(mesh: jax.sharding.Mesh | None = None) -> dict[str, bool | str]:
   """XLA options of the engine's program for the platform it runs on.
 
-  On CPU, copy insertion without region analysis copies a cache prefix twice per round
-  (the target's layer reads and the commit's in-place write share one while-loop buffer);
-  with it the commit updates the prefix in place, as on GPU and TPU (checked by
+  CPU: copy insertion without region analysis copies a cache prefix twice per round (the
+  target's layer reads and the commit's in-place write share one while-loop buffer);
+  with it the commit updates the prefix in place (checked by
   tests/test_engine.py::test_round_has_no_full_cache_copy).
+
+  GPU:
+  - `xla_gpu_copy_insertion_use_region_analysis`: the same analysis on GPU (off there by
+    default), so the commit's writes into the caches need no copy of them.
+  - `xla_gpu_enable_command_buffer`: XLA's default command types (kernels, cuBLAS,
+    cuBLASLt, custom calls, cuDNN) plus WHILE and CONDITIONAL, so a round's fixed-trip
+    loops and the tree round's node-count switch are captured into CUDA graphs (with
+    conditional nodes) instead of launching their kernels one by one and copying each
+    predicate to the host.
+  Not yet measured on a GPU (docs/PERFORMANCE.md, "On an accelerator"); `XLA_FLAGS`
+  set by the user apply on top (e.g. `--xla_gpu_autotune_level=0` to skip autotuning
+  the matmuls: faster compiles, possibly slower steps).
   """
   platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
-  return {"xla_cpu_copy_insertion_use_region_analysis": True} if platform == "cpu" else {}
+  if platform == "cpu":
+    return {"xla_cpu_copy_insertion_use_region_analysis": True}
+  if platform in ("gpu", "cuda", "rocm"):
+    return {
+      "xla_gpu_copy_insertion_use_region_analysis": True,
+      "xla_gpu_enable_command_buffer": GPU_COMMAND_BUFFER,
+    }
+  return {}
+
+
+GPU_COMMAND_BUFFER = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
 
 
 def _check_method(draft, target, method, num_drafts, draft_len, rho):
@@ -206,6 +228,7 @@ def generate(
   num_drafts: int = 1,
   draft_len: int = 4,
   max_new_tokens: int = 32,
+  token_limit: int | None = None,
   temperature: float = 1.0,
   top_k: int | None = None,
   top_p: float | None = None,
@@ -215,6 +238,7 @@ def generate(
   mesh: jax.sharding.Mesh | None = None,
   tree: bool = False,
   branching: Sequence[int] | str | None = None,
+  scan_layers: bool | None = None,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with speculative decoding (or autoregressively).
 
@@ -222,15 +246,22 @@ def generate(
     key: PRNG key; row b uses fold_in(key, prompt_ids[b]), so its output does not depend
       on the batch it is in, its padding or the sharding.
     draft: the draft model bundle (None for "autoregressive").
-    target: the target model bundle.
+    target: the target model bundle. Both are decoded as `ModelBundle.for_decoding`
+      holds them (weights in the compute dtype, the decoder's layout): load them that
+      way (`pairs.load_pair`, `runs.load_bundle(for_decoding=True)`), else every call
+      casts them first.
     prompts: B x P int token ids, right-padded.
     prompt_lengths: B ints in [1, P].
     method: a name of the method registry (`spectr_jax.methods`): "autoregressive"
       (target only, one token per round), "sd" (K = 1), "kseq" (SpecTr), "specinfer",
       "optimal", "block" (K = 1), "gbv".
     num_drafts: K. draft_len: L (ignored by "autoregressive").
-    max_new_tokens: T, tokens generated per row (fewer when EOS is emitted).
-    temperature: >= 0 (traced; 0 is greedy). top_k: static int or None.
+    max_new_tokens: T, tokens generated per row (fewer when EOS is emitted); it sets the
+      program's buffers (one compile per value).
+    token_limit: stop each row after this many tokens, in [1, max_new_tokens] (traced:
+      one program serves every limit; None = max_new_tokens).
+    temperature: >= 0, a number (0 is greedy: compiled apart from sampling; other
+      temperatures share one program). top_k: static int or None.
     top_p: in (0, 1] or None (traced). eos_id: stop token, a sequence of stop tokens
       (any of them ends a row) or None.
     rho: the split factor of methods that take one (K-SEQ): "star", "k" or a number
@@ -250,6 +281,10 @@ def generate(
       integers whose product is K (e.g. (4, 2, 1, 1) for K = 8, L = 4), or "proportional"
       (`drafting.PROPORTIONAL`: each node's children and their shares of the K paths
       follow the draft's probabilities); None for the scheme's default.
+    scan_layers: run the models' layers under `lax.scan` (one compiled layer: compiles
+      fast) or unrolled (False); None: scan models of `models.protocol.SCAN_MIN_LAYERS`
+      layers or more, and every model in rounds that score a tree. The same tokens
+      either way, to rounding.
 
   Returns:
     `GenerateOutput(tokens_BxT, lengths_B, stats)`.
@@ -272,11 +307,15 @@ def lower(key: jax.Array, **kwargs) -> jax.stages.Lowered:
 
 def _prepare(
   key, *, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
-  max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids, mesh, tree, branching,
+  max_new_tokens, token_limit, temperature, top_k, top_p, eos_id, rho, prompt_ids, mesh, tree,
+  branching, scan_layers,
 ):  # fmt: skip
   """Checks the inputs of `generate`; returns its program, the placed arguments and B."""
   if not methods.get(method).speculative:
     num_drafts, draft_len = 1, 0
+  target = target.for_decoding()
+  if draft is not None and draft_len:
+    draft = draft.for_decoding()
   _check_inputs(key, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
                 max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids)  # fmt: skip
   if mesh is not None and DATA_AXIS not in mesh.axis_names:
@@ -285,6 +324,15 @@ def _prepare(
     )
   if not isinstance(tree, bool):
     raise ValueError(f"tree must be True or False, got {tree!r}")
+  token_limit = max_new_tokens if token_limit is None else token_limit
+  checks.integer("token_limit", token_limit, 1, max_new_tokens)
+  if scan_layers not in (None, True, False):
+    raise ValueError(f"scan_layers must be True, False or None, got {scan_layers!r}")
+  if not checks.is_concrete(temperature):
+    raise ValueError(
+      "temperature must be a number, not a traced value: greedy decoding (0) and sampling "
+      "compile to different programs"
+    )
   if branching is not None:
     branching = branching if isinstance(branching, str) else tuple(branching)
     if not methods.DRAFTING[methods.get(method).drafting].branches:
@@ -305,12 +353,15 @@ def _prepare(
     target_config=target.config,
     tree=tree,
     branching=branching,
+    greedy=float(temperature) <= 0,
+    scan_layers=scan_layers,
   )
   traced = Traced(
     temperature=jnp.float32(temperature),
     top_p=jnp.float32(1.0 if top_p is None else top_p),
     rho_value=rho_value,
     eos_ids=jnp.asarray(_eos_ids(eos_id) or (-1,), jnp.int32),
+    token_limit=jnp.int32(token_limit),
   )
   prompts = jnp.asarray(prompts, jnp.int32)
   lengths = jnp.asarray(prompt_lengths, jnp.int32)

@@ -7,6 +7,7 @@ prefixes that speculative decoding actually visits).
 """
 
 import dataclasses
+import functools
 import json
 import pathlib
 from typing import Any
@@ -22,21 +23,21 @@ from spectr_jax.models import ModelBundle, count_params
 
 
 def _overlap_BxT(
-  draft: ModelBundle, target: ModelBundle, tokens_BxT: jax.Array, temperature: float
+  draft: ModelBundle, target: ModelBundle, tokens_BxT: jax.Array, temperature, greedy: bool
 ) -> jax.Array:
   """Returns `sum_x min(p, q)` of the next-token distributions at every position."""
-  p_BxTxV = analysis.next_token_probs(draft, tokens_BxT, temperature)
-  q_BxTxV = analysis.next_token_probs(target, tokens_BxT, temperature)
+  p_BxTxV = analysis.next_token_probs(draft, tokens_BxT, temperature, greedy=greedy)
+  q_BxTxV = analysis.next_token_probs(target, tokens_BxT, temperature, greedy=greedy)
   return acceptance.overlap(p_BxTxV, q_BxTxV)
 
 
-@jax.jit
+@functools.partial(jax.jit, static_argnames="greedy")
 def _teacher_forced_sums(
-  draft: ModelBundle, target: ModelBundle, rows_BxT1: jax.Array, temperature: jax.Array
+  draft: ModelBundle, target: ModelBundle, rows_BxT1: jax.Array, temperature: jax.Array, greedy
 ) -> jax.Array:
   """Returns [sum of overlaps, count] over targets that are neither PAD nor BOS."""
   tokens_BxT, next_BxT = rows_BxT1[:, :-1], rows_BxT1[:, 1:]
-  overlap_BxT = _overlap_BxT(draft, target, tokens_BxT, temperature)
+  overlap_BxT = _overlap_BxT(draft, target, tokens_BxT, temperature, greedy)
   mask_BxT = ((next_BxT != PAD_ID) & (next_BxT != BOS_ID)).astype(jnp.float32)
   return jnp.stack([jnp.sum(overlap_BxT * mask_BxT), jnp.sum(mask_BxT)])
 
@@ -65,7 +66,10 @@ def teacher_forced_acceptance(
     batch = rows_ExT1[start : start + batch_size]
     pad = np.full((batch_size - len(batch), batch.shape[1]), PAD_ID, np.int32)
     rows = np.concatenate([batch, pad])
-    total += np.asarray(_teacher_forced_sums(draft, target, rows, jnp.float32(temperature)))
+    sums = _teacher_forced_sums(
+      draft, target, rows, jnp.float32(temperature), greedy=float(temperature) <= 0
+    )
+    total += np.asarray(sums)
   return float(total[0] / max(total[1], 1.0))
 
 

@@ -41,6 +41,12 @@ class DecodeSpec:
   tree: bool = False
   # A tree's children per depth, or drafting.PROPORTIONAL (`drafting.without_replacement`).
   branching: tuple[int, ...] | str | None = None
+  # Greedy decoding (one-hot on the argmax) rather than sampling at `Traced.temperature`.
+  greedy: bool = False
+  # The models' layer stacks under lax.scan (True) or unrolled (False); None: scan for
+  # deep models (`models.protocol.SCAN_MIN_LAYERS`) and in rounds that score a tree
+  # (its node counts compile one target call each).
+  scan_layers: bool | None = None
 
   @property
   def scores_tree(self) -> bool:
@@ -54,19 +60,23 @@ class DecodeSpec:
     return self.draft_len + 1
 
   @property
+  def _scan(self) -> bool | None:
+    return True if self.scan_layers is None and self.scores_tree else self.scan_layers
+
+  @property
   def draft(self) -> Decoder:
     """The draft model's decoder (L > 0)."""
-    return decoder(self.draft_config)
+    return decoder(self.draft_config, self._scan)
 
   @property
   def target(self) -> Decoder:
     """The target model's decoder."""
-    return decoder(self.target_config)
+    return decoder(self.target_config, self._scan)
 
 
 @struct.dataclass
 class DecodeStats:
-  """Per-row statistics (B leading); tokens cut by max_new_tokens or EOS are not counted.
+  """Per-row statistics (B leading); tokens cut by the token limit or EOS are not counted.
 
   rounds_B: rounds run (= target calls, the prefill excluded).
   draft_calls_B: draft model calls (L per round).
@@ -130,19 +140,24 @@ class State:
 
 
 class Traced(NamedTuple):
-  """The settings that are traced (a sweep changes them without recompiling)."""
+  """The settings that are traced (a sweep changes them without recompiling; greedy or
+  sampling is static: `DecodeSpec.greedy`)."""
 
   temperature: jax.Array
   top_p: jax.Array
   rho_value: jax.Array
   eos_ids: jax.Array  # int32 [A] stop tokens (-1: none)
+  # Tokens a row emits at most (int32; never more than DecodeSpec.max_new_tokens).
+  token_limit: jax.Array | int = 2**31 - 1
 
 
 def probs(spec: DecodeSpec, logits_AxV, traced: Traced):
   """Sampling distributions of logits [..., V] under the spec's transforms (float32)."""
   top_p = traced.top_p if spec.use_top_p else None
   logits_AxV = sharding.replicate_over_model(logits_AxV)
-  return sampling.transform_probs(logits_AxV, traced.temperature, top_k=spec.top_k, top_p=top_p)
+  return sampling.transform_probs(
+    logits_AxV, traced.temperature, top_k=spec.top_k, top_p=top_p, greedy=spec.greedy
+  )
 
 
 def draft(spec, params, cache, state, key_B, traced):
@@ -245,6 +260,10 @@ def _score_tree(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, trace
   return Scored(q_BxKxL1xV, cache, bad_B, t.path_node_BxKxL1, t.num_nodes_B, positions)
 
 
+def _token_limit(spec: DecodeSpec, traced: Traced) -> jax.Array:
+  return jnp.minimum(traced.token_limit, spec.max_new_tokens)
+
+
 class _Emitted(NamedTuple):
   live_B: jax.Array
   emit_B: jax.Array
@@ -258,7 +277,8 @@ def _emit(spec, state: State, tokens_BxL1, num_B, bad_B, traced) -> _Emitted:
   is_eos_BxL1 = jnp.any(tokens_BxL1[..., None] == traced.eos_ids, axis=-1)
   eos_BxL1 = is_eos_BxL1 & (jnp.arange(w) < num_B[:, None])
   first_eos_B = jnp.where(jnp.any(eos_BxL1, axis=1), jnp.argmax(eos_BxL1, axis=1), w)
-  emit_B = jnp.minimum(jnp.minimum(num_B, first_eos_B + 1), spec.max_new_tokens - state.num_out_B)
+  left_B = _token_limit(spec, traced) - state.num_out_B
+  emit_B = jnp.minimum(jnp.minimum(num_B, first_eos_B + 1), left_B)
   live_B = ~state.done_B & ~bad_B
   return _Emitted(live_B, jnp.where(live_B, emit_B, 0), first_eos_B)
 
@@ -369,7 +389,7 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
     )
     num_out_B = state.num_out_B + emitted.emit_B
     ended_B = emitted.live_B & (emitted.first_eos_B < emitted.emit_B)
-    done_B = state.done_B | bad_B | ended_B | (num_out_B >= spec.max_new_tokens)
+    done_B = state.done_B | bad_B | ended_B | (num_out_B >= _token_limit(spec, traced))
     target_cache, draft_cache, last_B, pending_Bx2, num_pending_B = _commit(
       spec,
       state,

@@ -1,7 +1,5 @@
 """Sampling from probability vectors: an exact categorical draw and the logit transform."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
@@ -133,33 +131,41 @@ def categorical(key: jax.Array, weights_V: jax.Array) -> jax.Array:
   return categorical_from_bits(jax.random.bits(key, (2,), jnp.uint32), weights_V)
 
 
-def transform_probs(logits_AxV, temperature, *, top_k=None, top_p=None):
+def transform_probs(logits_AxV, temperature, *, top_k=None, top_p=None, greedy=None):
   """Logits -> the sampling distribution after temperature, top-k and top-p.
 
   The same transform is applied to draft and target logits, so speculative decoding is
-  exact with respect to the *transformed* target distribution.
+  exact with respect to the *transformed* target distribution. Greedy decoding and
+  sampling are different programs, chosen statically (no branch on the device).
 
   Args:
     logits_AxV: float logits (any leading shape).
-    temperature: scalar >= 0 (may be traced); 0 is greedy: one-hot on the argmax.
+    temperature: scalar >= 0 (may be traced when `greedy` is given); 0 is greedy.
     top_k: static int or None: keep the k largest logits (ties at the k-th kept).
     top_p: scalar in (0, 1] (may be traced) or None: keep the smallest set of most likely
       tokens whose mass reaches top_p (nucleus sampling), computed after temperature;
       every token as likely as the least likely kept one is kept too (ties).
+    greedy: True for one-hot on the argmax (temperature and truncation unused), False to
+      sample (temperature > 0); None decides from a concrete temperature (0 is greedy).
 
   Returns:
     probs_AxV, float32, rows summing to 1.
+
+  Raises:
+    ValueError: `greedy` is None and the temperature is traced.
   """
   logits_AxV = logits_AxV.astype(jnp.float32)
+  if greedy is None:
+    if isinstance(temperature, jax.core.Tracer):
+      raise ValueError(
+        "a traced temperature needs greedy=True or False: greedy decoding and sampling "
+        "compile to different programs"
+      )
+    greedy = float(temperature) <= 0
+  if greedy:
+    return jax.nn.one_hot(jnp.argmax(logits_AxV, axis=-1), logits_AxV.shape[-1])
   temperature = jnp.asarray(temperature, jnp.float32)
-  # One branch runs (a select of both only under a vmap over temperature): sampling
-  # never pays the argmax pass and the one-hot select over V, greedy decoding no softmax.
-  return jax.lax.cond(
-    temperature <= 0,
-    lambda x_AxV: jax.nn.one_hot(jnp.argmax(x_AxV, axis=-1), x_AxV.shape[-1]),
-    functools.partial(_sampling_probs, temperature=temperature, top_k=top_k, top_p=top_p),
-    logits_AxV,
-  )
+  return _sampling_probs(logits_AxV, temperature=temperature, top_k=top_k, top_p=top_p)
 
 
 def _sampling_probs(logits_AxV, *, temperature, top_k, top_p):

@@ -370,10 +370,52 @@ def test_second_call_does_not_recompile(models):
   assert compiled._cache_size() == before == 1
 
 
+def test_a_token_limit_shares_the_program_and_cuts_the_same_tokens(models):
+  """A traced token limit (`generate(token_limit=...)`): the first tokens of the full
+  decode, from the same compiled program."""
+  draft, target = models
+  prompts = jnp.asarray([[1, 2, 3], [2, 2, 0]], jnp.int32)
+  kw = dict(draft=draft, target=target, method="kseq", num_drafts=2, draft_len=2)
+  kw.update(prompts=prompts, prompt_lengths=jnp.asarray([3, 2]), max_new_tokens=6)
+  full = engine.generate(jax.random.key(3), **kw)
+  spec = engine.DecodeSpec("kseq", 2, 2, 6, None, False, "star", draft.config, target.config)
+  compiled = engine.compiled_program(spec, None)
+  before = compiled._cache_size()
+  cut = engine.generate(jax.random.key(3), token_limit=3, **kw)
+  assert compiled._cache_size() == before == 1
+  np.testing.assert_array_equal(cut.lengths_B, [3, 3])
+  np.testing.assert_array_equal(cut.tokens_BxT[:, :3], full.tokens_BxT[:, :3])
+  assert not np.any(np.asarray(cut.tokens_BxT[:, 3:]))
+
+
+def test_scanned_and_unrolled_layers_emit_the_same_tokens(models):
+  draft, target = models
+  kw = dict(draft=draft, target=target, method="kseq", num_drafts=3, draft_len=2)
+  kw.update(prompts=jnp.asarray([[1, 2, 3], [2, 2, 0]]), prompt_lengths=jnp.asarray([3, 2]))
+  outs = [
+    engine.generate(jax.random.key(4), max_new_tokens=6, scan_layers=scan, **kw)
+    for scan in (True, False)
+  ]
+  np.testing.assert_array_equal(outs[0].tokens_BxT, outs[1].tokens_BxT)
+
+
+def test_a_traced_temperature_is_refused(models):
+  """Greedy decoding and sampling are separate programs: the temperature must be known."""
+  draft, target = models
+  kw = dict(draft=draft, target=target, prompts=jnp.asarray([[1, 2, 3]]))
+  kw.update(prompt_lengths=jnp.asarray([3]), method="sd", draft_len=2, max_new_tokens=2)
+  run = jax.jit(lambda t: engine.generate(jax.random.key(0), temperature=t, **kw).tokens_BxT)
+  with pytest.raises(ValueError, match="temperature must be a number"):
+    run(jnp.float32(0.5))
+
+
 @pytest.mark.parametrize(
   "change, message",
   [
     (dict(method="beam"), "unknown method"),
+    (dict(token_limit=0), r"token_limit must be an integer in \[1, 4\]"),
+    (dict(token_limit=5), r"token_limit must be an integer in \[1, 4\]"),
+    (dict(scan_layers="yes"), "scan_layers must be True, False or None"),
     (dict(num_drafts=0), "num_drafts must be"),
     (dict(draft_len=0), "draft_len must be"),
     (dict(max_new_tokens=0), "max_new_tokens must be"),
