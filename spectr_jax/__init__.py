@@ -27,7 +27,7 @@ Layers (imports go down only; tests/test_layers.py checks them):
   -> engine (and its round pieces, rounds)
   -> verify, models, data (and memory: the device-memory arithmetic of a decode)
   -> block (block-level verifiers), block_bound (their exact values and the LP bound)
-  -> acceptance, optimal, sampling (and checks, sharding, metrics, timing)
+  -> acceptance, optimal, sampling (and checks, sharding, metrics, timing, programs)
 
 The names below are importable from the package itself (`spectr_jax.generate`); they
 are loaded on first use, so importing one light module (e.g. `spectr_jax.report`) does

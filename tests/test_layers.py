@@ -24,6 +24,7 @@ ORDER = (
   "sharding",
   "metrics",
   "timing",
+  "programs",
   "acceptance",
   "optimal",
   "block",

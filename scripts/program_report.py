@@ -1,0 +1,332 @@
+"""The program report: what the engine's decoding programs hold, lowered and compiled on CPU.
+
+For a model pair (default: bench_device.py's device-size pair, a ~0.95B target and a ~97M
+draft at V = 32k, bf16 compute; `--small`: its tiny pair) with abstract parameters (shapes
+only, `jax.eval_shape` of `init_params`: nothing is allocated), lowers `engine.lower` and
+compiles on CPU the programs of the autoregressive decode, a K-SEQ K x L decode with K
+tails and the same decode scoring a token tree (default K = L = 8, batch 8, prompt width
+16, 64 new tokens), and prints one markdown row per program:
+
+  params: the bytes by dtype of the target's and the draft's parameter arguments (as the
+    program takes them: after any cast or re-layout the engine applies on the way in);
+  param converts: `convert` instructions in the pre-optimisation HLO that turn a float32
+    tensor of a parameter's shape into a narrower float (weight-sized casts), and how
+    many of them sit inside the loop of rounds (`programs.round_loop`);
+  loops: while loops of the lowered and of the compiled module; of the compiled ones,
+    those with a known trip count (fixed) and without (data-dependent); conditionals
+    (all data-dependent). A list below the table names each data-dependent one by its
+    op_name (the jit / named-scope path: which piece of the round owns it);
+  ops: instructions of the lowered module, instructions of the compiled module (fused
+    computations included) and its kernels (`programs.count_kernels`), and matmuls
+    (dot / convolution) of the compiled module;
+  compile s: seconds of `lowered.compile()` on the CPU, wall clock and, in parentheses,
+    the process's CPU time (steadier on a shared machine); lower s: of `engine.lower`.
+
+Then the same counts per layer: the difference between the K-SEQ tails program with a
+2-layer and with a 1-layer target (the draft at 1 layer), and likewise for the draft,
+with the layers unrolled where the engine could scan them (`scan_layers=False`). A
+per-layer count covers every place the program runs the model (prefill, draft steps,
+the target call, commit).
+
+Usage: python scripts/program_report.py [--small] [--batch 8] [--programs ar,tails,tree]
+         [--num_drafts 8] [--draft_len 8] [--per_layer tails] [--scan_layers default]
+         [--json PATH]
+"""
+
+import argparse
+import dataclasses
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from bench_device import DRAFT, SMALL_DRAFT, SMALL_TARGET, SMALL_VOCAB, TARGET, VOCAB
+
+from spectr_jax import engine, programs
+from spectr_jax.models import ModelBundle, ModelConfig, count_params, init_params
+
+PROGRAMS = ("ar", "tails", "tree")
+_DTYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64"}
+
+
+def abstract_bundle(config: ModelConfig) -> ModelBundle:
+  """A bundle of `config` as decoding loads it (`ModelBundle.for_decoding`: weights in
+  the compute dtype, the decoder's layout) whose parameters are `jax.ShapeDtypeStruct`s:
+  nothing allocated. The params column reports what the program takes."""
+
+  def build():
+    return ModelBundle(config, init_params(config, jax.random.key(0))).for_decoding()
+
+  return jax.eval_shape(build)
+
+
+def pair_configs(args) -> tuple[ModelConfig, ModelConfig]:
+  """The (draft, target) configs of the report (bench_device's pair)."""
+  vocab, sizes = (
+    (SMALL_VOCAB, (SMALL_DRAFT, SMALL_TARGET)) if args.small else (VOCAB, (DRAFT, TARGET))
+  )
+  max_len = args.prompt_len + args.max_new_tokens + args.draft_len + 1
+  draft, target = (
+    ModelConfig(vocab_size=vocab, max_len=max_len, dtype=args.dtype, **size) for size in sizes
+  )
+  return draft, target
+
+
+def program_kwargs(
+  name: str, args, draft: ModelBundle, target: ModelBundle, scan_layers: bool | None = None
+) -> dict:
+  """The `engine.lower` arguments of program `name` ("ar", "tails" or "tree"); scan_layers
+  goes to an engine that takes it (None: the engine's default)."""
+  prompts = jnp.ones((args.batch, args.prompt_len), jnp.int32)
+  common = dict(
+    target=target,
+    prompts=prompts,
+    prompt_lengths=jnp.full((args.batch,), args.prompt_len, jnp.int32),
+    max_new_tokens=args.max_new_tokens,
+  )
+  if scan_layers is not None:
+    common["scan_layers"] = scan_layers
+  if name == "ar":
+    return dict(common, draft=None, method="autoregressive")
+  spec = dict(method=args.method, num_drafts=args.num_drafts, draft_len=args.draft_len)
+  return dict(common, draft=draft, tree=name == "tree", **spec)
+
+
+def label(name: str, args) -> str:
+  """A program's row label."""
+  method = "K-SEQ" if args.method == "kseq" else args.method
+  kl = f"{method} {args.num_drafts}x{args.draft_len}"
+  return {"ar": "autoregressive", "tails": f"{kl} tails", "tree": f"{kl} tree"}[name]
+
+
+def bytes_by_dtype(tree) -> dict[str, int]:
+  """Bytes of the array leaves of `tree` (anything with shape and dtype), by dtype name."""
+  totals = {}
+  for leaf in jax.tree.leaves(tree):
+    dtype = np.dtype(leaf.dtype)
+    totals[dtype.name] = totals.get(dtype.name, 0) + int(np.prod(leaf.shape)) * dtype.itemsize
+  return totals
+
+
+def program_params(lowered, bundle: ModelBundle | None):
+  """The parameter argument of the lowered program that holds `bundle`'s parameters: the
+  positional argument with as many scalars (the engine may change their dtype or layout
+  on the way in), or the bundle's parameters when none has (None without a bundle)."""
+  if bundle is None:
+    return None
+  want = count_params(bundle.params)
+  for arg in lowered.args_info[0]:
+    if jax.tree.leaves(arg) and count_params(arg) == want:
+      return arg
+  return bundle.params
+
+
+def measure(
+  name: str, args, draft: ModelBundle, target: ModelBundle, scan_layers: bool | None = None
+) -> dict:
+  """Lowers and compiles one program; returns its counts (see the module docstring)."""
+  kwargs = program_kwargs(name, args, draft, target, scan_layers)
+  start = time.perf_counter()
+  lowered = engine.lower(jax.random.key(0), **kwargs)
+  lower_s = time.perf_counter() - start
+  lowered_text = lowered.as_text(dialect="hlo", debug_info=True)
+  start, cpu_start = time.perf_counter(), time.process_time()
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - start
+  compile_cpu_s = time.process_time() - cpu_start
+  low, comp = programs.parse(lowered_text), programs.parse(compiled.as_text())
+
+  params = {"target": program_params(lowered, target), "draft": None}
+  if kwargs["draft"] is not None:
+    params["draft"] = program_params(lowered, draft)
+  shapes = {
+    tuple(x.shape)
+    for tree in params.values()
+    if tree is not None
+    for x in jax.tree.leaves(tree)
+    if np.dtype(x.dtype) == np.float32
+  }
+  converts = programs.parameter_converts(low, shapes)
+  compiled_converts = programs.parameter_converts(comp, shapes)
+  flow = programs.control_flow(comp)
+  lowered_flow = programs.control_flow(low)
+  loop, _ = programs.round_loop(comp)
+  return {
+    "program": label(name, args),
+    "params": {k: bytes_by_dtype(v) if v is not None else {} for k, v in params.items()},
+    "param_converts": len(converts),
+    "param_converts_in_round_loop": sum(inside for _, inside in converts),
+    "param_converts_by_scope": programs.scope_counts(i for i, _ in converts),
+    "param_converts_compiled": len(compiled_converts),
+    "whiles_lowered": sum(c.kind == "while" for c in lowered_flow),
+    "conditionals_lowered": sum(c.kind == "conditional" for c in lowered_flow),
+    "whiles": sum(c.kind == "while" for c in flow),
+    "whiles_fixed": sum(c.kind == "while" and not c.data_dependent for c in flow),
+    "whiles_data_dependent": sum(c.kind == "while" and c.data_dependent for c in flow),
+    "conditionals": sum(c.kind == "conditional" for c in flow),
+    "round_loop": loop.op_name if loop is not None else None,
+    "data_dependent": [
+      {"kind": c.kind, "name": c.name, "op_name": c.op_name, "in_round_loop": c.in_round_loop}
+      for c in flow
+      if c.data_dependent
+    ],
+    "fixed": [
+      {"name": c.name, "op_name": c.op_name, "trip_count": c.trip_count}
+      for c in flow
+      if not c.data_dependent
+    ],
+    "instructions_lowered": programs.count_instructions(low),
+    "matmuls_lowered": programs.count_matmuls(low),
+    "instructions_compiled": programs.count_instructions(comp),
+    "kernels_compiled": programs.count_kernels(comp),
+    "matmuls_compiled": programs.count_matmuls(comp),
+    "lower_s": lower_s,
+    "compile_s": compile_s,
+    "compile_cpu_s": compile_cpu_s,
+  }
+
+
+def per_layer(name: str, args, draft_config: ModelConfig, target_config: ModelConfig) -> dict:
+  """Counts per layer of the target and of the draft: program `name` with that model at
+  2 layers minus at 1 layer (the other model at 1 layer), layers unrolled (an engine
+  that can scan them is told not to: a scanned layer is one body at any depth)."""
+  keys = (
+    "instructions_lowered",
+    "instructions_compiled",
+    "kernels_compiled",
+    "matmuls_lowered",
+    "matmuls_compiled",
+    "param_converts",
+  )
+
+  def run(draft_layers: int, target_layers: int) -> dict:
+    draft = abstract_bundle(dataclasses.replace(draft_config, num_layers=draft_layers))
+    target = abstract_bundle(dataclasses.replace(target_config, num_layers=target_layers))
+    return measure(name, args, draft, target, scan_layers=False)
+
+  base = run(1, 1)
+  grown = {"target": run(1, 2)} | ({} if name == "ar" else {"draft": run(2, 1)})
+  rows = {model: {k: r[k] - base[k] for k in keys} for model, r in grown.items()}
+  seconds = base["compile_s"] + sum(r["compile_s"] for r in grown.values())
+  return {"program": label(name, args), "per_layer": rows, "compile_s": seconds}
+
+
+def format_bytes(totals: dict[str, int]) -> str:
+  """e.g. "f32 3.79 GB" ("-" when empty)."""
+  if not totals:
+    return "-"
+  return ", ".join(
+    f"{_DTYPE_NAMES.get(k, k)} " + (f"{v / 1e9:.2f} GB" if v >= 1e7 else f"{v / 1e6:.2f} MB")
+    for k, v in sorted(totals.items())
+  )
+
+
+def format_table(rows: list[dict]) -> str:
+  """The markdown table of the programs, then their data-dependent loops and
+  conditionals."""
+  lines = [
+    "| program | target params | draft params | param converts (in round loop) "
+    "| whiles lowered / compiled (fixed + data-dep.) | conditionals "
+    "| instructions lowered | instructions compiled (kernels) | matmuls compiled "
+    "| lower s | compile s (CPU s) |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    lines.append(
+      f"| {r['program']} | {format_bytes(r['params']['target'])} "
+      f"| {format_bytes(r['params']['draft'])} "
+      f"| {r['param_converts']} ({r['param_converts_in_round_loop']}) "
+      f"| {r['whiles_lowered']} / {r['whiles']} ({r['whiles_fixed']} + "
+      f"{r['whiles_data_dependent']}) | {r['conditionals']} "
+      f"| {r['instructions_lowered']} | {r['instructions_compiled']} ({r['kernels_compiled']}) "
+      f"| {r['matmuls_compiled']} | {r['lower_s']:.1f} "
+      f"| {r['compile_s']:.1f} ({r['compile_cpu_s']:.1f}) |"
+    )
+  for r in rows:
+    lines += ["", f"Data-dependent loops and conditionals of {r['program']} (compiled):"]
+    for c in r["data_dependent"]:
+      where = "" if c["in_round_loop"] else " (outside the loop of rounds)"
+      lines.append(f"- {c['kind']} {c['name']}: `{c['op_name'] or '(no metadata)'}`{where}")
+    scopes = ", ".join(f"{k}: {v}" for k, v in r["param_converts_by_scope"].items())
+    lines.append(f"Param converts by scope: {scopes or 'none'}")
+  return "\n".join(lines)
+
+
+def format_per_layer(result: dict) -> str:
+  """The markdown table of counts per layer."""
+  lines = [
+    f"Per layer ({result['program']} program, the model at 2 layers minus at 1 layer; "
+    f"{result['compile_s']:.0f} s of compiles):",
+    "",
+    "| model | instructions lowered | instructions compiled | kernels compiled "
+    "| matmuls lowered | matmuls compiled | param converts |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for model, d in result["per_layer"].items():
+    lines.append(
+      f"| {model} | {d['instructions_lowered']} | {d['instructions_compiled']} "
+      f"| {d['kernels_compiled']} | {d['matmuls_lowered']} | {d['matmuls_compiled']} "
+      f"| {d['param_converts']} |"
+    )
+  if any(d["matmuls_lowered"] <= 0 for d in result["per_layer"].values()):
+    lines.append(
+      "\nNote: the lowered matmuls do not grow with the depth: the layers ran under a scan "
+      "(one body at any depth), so these differences are not per layer."
+    )
+  return "\n".join(lines)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--small", action="store_true", help="bench_device's tiny pair")
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--prompt_len", type=int, default=16)
+  parser.add_argument("--max_new_tokens", type=int, default=64)
+  parser.add_argument("--dtype", default="bfloat16", help="the models' compute dtype")
+  parser.add_argument("--method", default="kseq", help="the method of tails and tree")
+  parser.add_argument("--num_drafts", type=int, default=8)
+  parser.add_argument("--draft_len", type=int, default=8)
+  parser.add_argument("--programs", default=",".join(PROGRAMS), help="a subset of ar,tails,tree")
+  parser.add_argument(
+    "--per_layer", default="tails", help='the program counted per layer (ar, tails, tree; "" skips)'
+  )
+  parser.add_argument(
+    "--scan_layers",
+    choices=("default", "on", "off"),
+    default="default",
+    help="the programs' layers scanned or unrolled, where the engine takes scan_layers",
+  )
+  parser.add_argument("--json", help="also write the numbers to this JSON file")
+  args = parser.parse_args()
+  names = [n for n in args.programs.split(",") if n]
+  for n in names + ([args.per_layer] if args.per_layer else []):
+    if n not in PROGRAMS:
+      parser.error(f"unknown program {n!r}: choose from {PROGRAMS}")
+  start = time.perf_counter()
+  draft_config, target_config = pair_configs(args)
+  draft, target = abstract_bundle(draft_config), abstract_bundle(target_config)
+  print(
+    f"Program report ({'small' if args.small else 'device-size'} pair, abstract "
+    f"parameters, {jax.default_backend()} backend, jax {jax.__version__}): batch "
+    f"{args.batch}, prompt width {args.prompt_len}, {args.max_new_tokens} new tokens, "
+    f"compute dtype {args.dtype}; target {target_config.num_layers} layers, draft "
+    f"{draft_config.num_layers}, V = {target_config.vocab_size}\n"
+  )
+  scan = {"default": None, "on": True, "off": False}[args.scan_layers]
+  rows = [measure(n, args, draft, target, scan) for n in names]
+  print(format_table(rows))
+  layer = None
+  if args.per_layer:
+    layer = per_layer(args.per_layer, args, draft_config, target_config)
+    print()
+    print(format_per_layer(layer))
+  print(f"\ntotal {time.perf_counter() - start:.0f} s")
+  if args.json:
+    report = {"settings": vars(args), "programs": rows, "per_layer": layer}
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
