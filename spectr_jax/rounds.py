@@ -232,30 +232,30 @@ def score(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Tra
 
 def _score_tree(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Traced):
   """The target on each distinct prefix once: the tree's first n nodes, n the smallest
-  of `tree.node_buckets` that holds every row's tree (one compiled branch per size);
-  each path reads q from its nodes, so the verifiers see the tails' q."""
+  of `tree.node_buckets` that holds every row's tree (one compiled target call per size,
+  under the round's one data-dependent conditional); each path reads q from its nodes,
+  so the verifiers see the tails' q. The mask and the probabilities are computed once,
+  outside the branches (a prefix of the depth-major node table is a whole tree)."""
   t = tree.from_paths(last_B, drafts_BxKxL)
+  capacity = t.tokens_BxN.shape[1]
   sizes = tree.node_buckets(spec.num_drafts, spec.draft_len)
+  visible_BxNxN = ancestor_mask(t.parent_BxN)
 
   def branch(n):
     def run(cache):
-      logits_BxNxV, cache = spec.target.extend_tree(
-        target_params,
-        t.tokens_BxN[:, :n],
-        t.depth_BxN[:, :n],
-        ancestor_mask(t.parent_BxN[:, :n]),
-        cache,
+      logits_BxnxV, cache = spec.target.extend_tree(
+        target_params, t.tokens_BxN[:, :n], t.depth_BxN[:, :n], visible_BxNxN[:, :n, :n], cache
       )
-      real_BxN = jnp.arange(n) < t.num_nodes_B[:, None]
-      bad_B = sampling.nonfinite_rows(jnp.where(real_BxN[..., None], logits_BxNxV, 0.0))
-      q_BxNxV = probs(spec, logits_BxNxV, traced)
-      q_BxKxL1xV = jax.vmap(lambda q_NxV, node_KxL1: q_NxV[node_KxL1])(q_BxNxV, t.path_node_BxKxL1)
-      return q_BxKxL1xV, cache, bad_B
+      return jnp.pad(logits_BxnxV, ((0, 0), (0, capacity - n), (0, 0))), cache
 
     return run
 
   bucket = tree.bucket_index(t.num_nodes_B, sizes)
-  q_BxKxL1xV, cache, bad_B = jax.lax.switch(bucket, [branch(n) for n in sizes], cache)
+  logits_BxNxV, cache = jax.lax.switch(bucket, [branch(n) for n in sizes], cache)
+  real_BxN = jnp.arange(capacity) < t.num_nodes_B[:, None]
+  bad_B = sampling.nonfinite_rows(jnp.where(real_BxN[..., None], logits_BxNxV, 0.0))
+  q_BxNxV = probs(spec, logits_BxNxV, traced)
+  q_BxKxL1xV = jax.vmap(lambda q_NxV, node_KxL1: q_NxV[node_KxL1])(q_BxNxV, t.path_node_BxKxL1)
   positions = jnp.asarray(sizes, jnp.int32)[bucket]
   return Scored(q_BxKxL1xV, cache, bad_B, t.path_node_BxKxL1, t.num_nodes_B, positions)
 

@@ -92,10 +92,13 @@ def _row_tree(last: jax.Array, drafts_KxL: jax.Array) -> Tree:
   )
 
 
-def node_buckets(num_drafts: int, draft_len: int, num_sizes: int = 4) -> tuple[int, ...]:
-  """The node counts the engine compiles a tree call for: up to `num_sizes` sizes from
-  the smallest tree (1 + L nodes: all paths equal) to N = 1 + K * L, multiples of 8
-  between them (a round pays for the smallest size that holds all its rows' trees).
+def node_buckets(num_drafts: int, draft_len: int, num_sizes: int = 2) -> tuple[int, ...]:
+  """The node counts the engine compiles a tree call for: the smallest tree's (1 + L
+  nodes: every path equal, as in greedy decoding; rounded up to a multiple of 8), the
+  largest, N = 1 + K * L, and `num_sizes` - 2 evenly between them (multiples of 8). A
+  round pays for the smallest size that holds all its rows' trees; each size is one
+  compiled target call in the program (docs/PERFORMANCE.md, "Token trees": at
+  temperature 1 a round nearly always needs N).
 
   Args:
     num_drafts: K. draft_len: L.
@@ -107,11 +110,11 @@ def node_buckets(num_drafts: int, draft_len: int, num_sizes: int = 4) -> tuple[i
   if num_sizes < 1:
     raise ValueError(f"num_sizes must be >= 1, got {num_sizes}")
   low, high = 1 + draft_len, capacity(num_drafts, draft_len)
-  sizes = set()
-  for i in range(1, num_sizes + 1):
-    size = low + -(-(high - low) * i // num_sizes)
-    sizes.add(min(high, -(-size // 8) * 8))
-  return tuple(sorted(sizes | {high}))
+  round_up = lambda size: min(high, -(-size // 8) * 8)  # noqa: E731
+  sizes = {high} if num_sizes == 1 else {round_up(low), high}
+  for i in range(1, num_sizes - 1):
+    sizes.add(round_up(low + -(-(high - low) * i // (num_sizes - 1))))
+  return tuple(sorted(sizes))
 
 
 def bucket_index(num_nodes_B: jax.Array, sizes: tuple[int, ...]) -> jax.Array:

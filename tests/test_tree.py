@@ -65,7 +65,8 @@ def test_the_tree_has_one_node_per_distinct_prefix_and_keeps_multiplicities(k, l
 
 
 def test_node_buckets_span_the_smallest_to_the_largest_tree():
-  assert tree.node_buckets(8, 8) == (24, 40, 56, 65)
+  assert tree.node_buckets(8, 8) == (16, 65)
+  assert tree.node_buckets(8, 8, num_sizes=4) == (16, 32, 48, 65)
   assert tree.node_buckets(1, 4) == (5,)
   assert tree.node_buckets(4, 3, num_sizes=1) == (13,)
   for k, length in [(2, 1), (3, 5), (8, 4), (16, 8)]:
