@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from spectr_jax.models import (
   ModelBundle,
@@ -19,6 +20,7 @@ from spectr_jax.models import (
   unstack_layers,
 )
 from spectr_jax.models.families import gemma, gpt2, llama
+from spectr_jax.models.layout import LayerStacker
 
 FAMILIES = {
   "palm": {},
@@ -126,3 +128,27 @@ def test_bf16_decoding_logits_follow_the_float32_ones():
   half = bf16.decoder.logits(bf16.params, tokens)
   assert half.dtype == jnp.float32
   np.testing.assert_allclose(half, full, atol=0.15)
+
+
+def test_the_loaders_stacker_takes_per_layer_parameters_one_at_a_time():
+  """`LayerStacker` (the checkpoint loader's): per-layer parameters in any order give
+  `stack_layers`' result; a layer left incomplete is named."""
+  config = _config(**FAMILIES["llama"])
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+  params = _random(shapes, seed=3)
+  flat = traverse_util.flatten_dict(unstack_layers(params, config))
+  order = np.random.default_rng(0).permutation(len(flat))
+  stacker = LayerStacker(shapes, config, np.float32)
+  paths = list(flat)
+  for i in order:
+    stacker.add(paths[i], flat[paths[i]])
+  built = stacker.params()
+  assert jax.tree.structure(built) == jax.tree.structure(params)
+  for a, b in zip(jax.tree.leaves(built), jax.tree.leaves(params), strict=True):
+    np.testing.assert_array_equal(a, b)
+  partial = LayerStacker(shapes, config, np.float32)
+  for path in paths:
+    if path != ("block_2", "w_up"):
+      partial.add(path, flat[path])
+  with pytest.raises(ValueError, match=r"layers \[2\] of the per-layer parameters"):
+    partial.params()

@@ -154,6 +154,68 @@ def stack_layers(params: Mapping[str, Any], config: ModelConfig) -> dict[str, An
   return out
 
 
+class LayerStacker:
+  """Builds the decoder's layout from per-layer parameters given one at a time (a
+  loader's tensors, in any order): a layer's parameters are fused as soon as all of them
+  are in and written into stacked host arrays allocated once, so the host holds the
+  model once plus the layers still incomplete.
+
+  Args:
+    shapes: the decoder-layout parameters' shapes (`jax.ShapeDtypeStruct`s, e.g. an
+      abstract `init_params`); the arrays are allocated in `dtype`.
+    config: the model config.
+    dtype: the numpy dtype of the parameters.
+  """
+
+  def __init__(self, shapes: Mapping[str, Any], config: ModelConfig, dtype):
+    self._config = config
+    self._layers = _map_leaves(lambda x: np.empty(x.shape, dtype), shapes["layers"])
+    one_layer = _map_leaves(lambda x: _take(x, 0, 0), shapes["layers"])
+    self._per_layer = len(jax.tree.leaves(_split_block(one_layer, config)))
+    self._pending: dict[int, dict[str, Any]] = {}
+    self._done: set[int] = set()
+    self._rest: dict[tuple[str, ...], Any] = {}
+
+  def add(self, path: tuple[str, ...], value: np.ndarray) -> None:
+    """Adds the parameter at `path` of the per-layer layout (e.g. ("block_3", "w_q"))."""
+    match = _LAYER.match(str(path[0]))
+    if match is None:
+      self._rest[path] = value
+      return
+    layer = int(match.group(1))
+    block = self._pending.setdefault(layer, {})
+    where = block
+    for key in path[1:-1]:
+      where = where.setdefault(key, {})
+    where[path[-1]] = value
+    if len(jax.tree.leaves(block)) == self._per_layer:
+      fused = _fuse_block(self._pending.pop(layer), self._config)
+
+      def write(stacked, x, layer=layer):
+        stacked[layer] = x
+
+      _map_leaves(write, self._layers, fused)
+      self._done.add(layer)
+
+  def params(self) -> dict[str, Any]:
+    """The parameters in the decoder's layout (host arrays).
+
+    Raises:
+      ValueError: a layer is incomplete or missing.
+    """
+    missing = sorted(set(range(self._config.num_layers)) - self._done)
+    if missing:
+      raise ValueError(f"layers {missing} of the per-layer parameters are incomplete or missing")
+    out: dict[str, Any] = {}
+    for path, value in self._rest.items():
+      where = out
+      for key in path[:-1]:
+        where = where.setdefault(key, {})
+      where[path[-1]] = value
+    out["layers"] = self._layers
+    return out
+
+
 def unstack_layers(params: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
   """The decoder's layout -> the per-layer layout (the inverse of `stack_layers`)."""
   out = {key: value for key, value in params.items() if key != "layers"}

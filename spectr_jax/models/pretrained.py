@@ -6,8 +6,9 @@ listed by `model.safetensors.index.json`) of a model whose model_type a family l
 tensor onto the per-layer parameter tree by the family's layout, stacks the layers and
 fuses the projections into the decoder's layout (`spectr_jax.models.layout`), and returns
 a `ModelBundle` that the engine decodes like a trained pair. Tensors are read, reshaped
-and cast on the host; the host holds the model once, in the load dtype, until each
-stacked parameter is placed on the device (or mesh).
+and cast on the host one at a time, and each layer is fused into stacked host arrays as
+soon as its tensors are in (`layout.LayerStacker`): the host holds the model once, in the
+load dtype, until each stacked parameter is placed on the device (or mesh).
 
 Nothing wrong loads in silence: every config.json value the loader reads is checked (sizes
 are bounded positive integers, epsilons positive finite numbers, RoPE settings in the
@@ -19,6 +20,7 @@ lists what each family reads and what is not supported.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import pathlib
@@ -36,7 +38,7 @@ from safetensors import SafetensorError, safe_open
 
 from spectr_jax import sharding
 from spectr_jax.models import hf, layout
-from spectr_jax.models.bundle import ModelBundle, param_axes
+from spectr_jax.models.bundle import ModelBundle, init_params, param_axes
 from spectr_jax.models.config import ModelConfig
 from spectr_jax.models.families import family_for_model_type, registered_families
 from spectr_jax.models.family import Family
@@ -372,8 +374,8 @@ def load_pretrained(
       checkpoint's torch_dtype. Logits are float32 in every case.
     max_len: S, the KV-cache capacity; None = min(max_position_embeddings, DEFAULT_MAX_LEN).
     mesh: place each parameter on this mesh by `sharding.RULES` and its logical axes
-      (`param_axes`) (a target larger than one device's memory never sits on one
-      device; the host holds the model once, in `dtype`, while it is stacked); None =
+      (`param_axes`): a target larger than one device's memory never sits on one
+      device (the host holds it once, in `dtype`, while its layers are stacked); None =
       the default device.
 
   Returns:
@@ -408,7 +410,8 @@ def load_pretrained(
         f"tensor {name!r} in {s.file.name} has shape {s.shape}; config.json implies {t.shape}"
       )
   np_dtype = _DTYPES[config.dtype]
-  flat = {}
+  shapes = jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))
+  stacker = layout.LayerStacker(shapes, config, np_dtype)
   for t in tensors:
     name = names[t.name]
     file = stored[name].file
@@ -422,19 +425,17 @@ def load_pretrained(
         raise CheckpointFormatError(
           f"tensor {name!r} in {file.name} has values beyond the range of float16"
         )
-      flat[param_path] = value
+      stacker.add(param_path, value)
     del stored_array
-  # The tensors map onto the per-layer layout; the decoder's stacks the layers and fuses
-  # the projections, on the host, one parameter placed at a time.
-  params = layout.stack_layers(traverse_util.unflatten_dict(flat), config)
-  del flat
-  if mesh is None:
-    params = jax.device_put(params)
-  else:
-    axes = sharding.axes_by_path(param_axes(config))
-    flat = traverse_util.flatten_dict(params)
-    for path, value in flat.items():
-      spec = sharding.logical_spec(axes[path], value.shape, mesh)
-      flat[path] = sharding.put(value, NamedSharding(mesh, spec))
-    params = traverse_util.unflatten_dict(flat)
-  return ModelBundle(config=config, params=params)
+  # The tensors map onto the per-layer layout; the stacker fuses each layer's projections
+  # into the decoder's stacked arrays on the host, which are placed one at a time.
+  flat = traverse_util.flatten_dict(stacker.params())
+  del stacker
+  axes = None if mesh is None else sharding.axes_by_path(param_axes(config))
+  for path in list(flat):
+    if mesh is None:
+      flat[path] = jax.device_put(flat[path])
+    else:
+      spec = sharding.logical_spec(axes[path], flat[path].shape, mesh)
+      flat[path] = sharding.put(flat[path], NamedSharding(mesh, spec))
+  return ModelBundle(config=config, params=traverse_util.unflatten_dict(flat))
