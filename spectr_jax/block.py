@@ -49,7 +49,10 @@ both in [0, 1], as H is homogeneous). Then "block" runs along Z with s in place 
 selection needs no randomness; with K = 1, s = p and "gbv_tp" is "block" (same draws).
 
 Every token is drawn with `sampling.categorical`. All functions are pure, jit/vmap-able
-with static shapes.
+with static shapes. The depths are unrolled in Python and "block" and "gbv_tp" have no
+data-dependent loop; "gbv" at K >= 2 builds `optimal` plans and inherits their
+data-dependent loops (`spectr_jax.optimal`); at K = 1 `optimal.select_draft` builds none
+(static).
 """
 
 from typing import NamedTuple

@@ -32,7 +32,10 @@ update rules above were read from a public implementation that cites the paper's
 Algorithm and its Eq. (3), and are confirmed by the exactness checks (SPEC section 5).
 
 Static shapes: one `lax.while_loop` of at most K L + 1 tests per block, each O(V + L);
-the state holds the updated laws of the current path's nodes (L x V each). Node (k, t)
+the state holds the updated laws of the current path's nodes (L x V each). The loop's
+trip count depends on the draws (on a GPU each test is a host round trip); it stays
+data-dependent because a fixed-trip form would run all K L + 1 tests where a block
+usually ends after a few. Node (k, t)
 (tested while path k is the last path through it) uses uniform eta[k, t]; a uniform is
 compared with `eta < w`, so a weight of 0 never accepts and one of 1 always does.
 """

@@ -45,6 +45,7 @@ __all__ = [
   "kseq_position",
   "optimal",
   "rho_star",
+  "rho_star_KxL",
   "rrs",
   "rrs_position",
   "sd_position",
@@ -273,16 +274,13 @@ class BlockStats(NamedTuple):
   overshoot_L1: jax.Array
 
 
-class _WalkState(NamedTuple):
-  t: jax.Array
-  done: jax.Array
-  alive_K: jax.Array
-  tokens_L1: jax.Array
-  stats: BlockStats
-
-
 def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: str):
   """The block walk of `verify_block` without its input checks (for use inside jit).
+
+  A fixed-trip `lax.scan` over the L + 1 positions (no data-dependent loop, so no host
+  round trip per position on an accelerator): after the first miss no draft survives,
+  and what the positions left compute is masked out of the outputs. K-SEQ's rho* comes
+  from `rho_star_KxL`, computed for the whole block before the scan.
 
   Args:
     key: PRNG key; position t uses fold_in(key, t).
@@ -295,51 +293,84 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
   Returns:
     (tokens_L1, num_tokens, BlockStats), as `verify_block` with return_stats.
   """
-  if methods.get(method).level == "block":
-    return _block_walk(methods.get(method).function(), key, drafts_KxL, p_KxLxV, q_KxL1xV)
+  record = methods.get(method)
+  if record.level == "block":
+    return _block_walk(record.function(), key, drafts_KxL, p_KxLxV, q_KxL1xV)
   num_drafts, draft_len = drafts_KxL.shape
-  verifier = _position_function(method, rho_mode, rho_value)
+  # K-SEQ's rho* for the whole block, each position's read as its fixed split factor.
+  star = record.takes_rho and rho_mode == "star"
+  rho_KxL = rho_star_KxL(drafts_KxL, p_KxLxV, q_KxL1xV) if star else None
   # The position keys fold_in(key, t), drawn in one batched call before the loop.
   keys_L1 = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(draft_len + 1))
-  zeros_L1 = jnp.zeros((draft_len + 1,), bool)
-  init = _WalkState(
-    t=jnp.int32(0),
-    done=jnp.bool_(False),
-    alive_K=jnp.ones((num_drafts,), bool),
-    tokens_L1=jnp.zeros((draft_len + 1,), jnp.int32),
-    stats=BlockStats(
-      zeros_L1,
-      zeros_L1,
-      jnp.zeros((draft_len + 1,), jnp.int32),
-      jnp.zeros((draft_len + 1,)),
-      jnp.zeros((draft_len + 1,)),
-    ),
-  )
 
-  def step(s: _WalkState) -> _WalkState:
+  def step(carry, t):
+    live, alive_K = carry  # live: the walk reaches position t.
     # Surviving drafts agree on all earlier tokens, so they share p and q at t.
-    rep = jnp.argmax(s.alive_K)
-    in_draft = s.t < draft_len
-    t_draft = jnp.minimum(s.t, draft_len - 1)
-    q_V = q_KxL1xV[rep, s.t]
+    rep = jnp.argmax(alive_K)
+    in_draft = t < draft_len
+    t_draft = jnp.minimum(t, draft_len - 1)
+    q_V = q_KxL1xV[rep, t]
     # At t = L no draft is valid and the verifier samples the bonus token from q.
     p_V = jnp.where(in_draft, p_KxLxV[rep, t_draft], q_V)
     x_K = drafts_KxL[:, t_draft]
-    valid_K = s.alive_K & in_draft
-    verdict = verifier(keys_L1[s.t], x_K, p_V, q_V, valid_K)
+    valid_K = alive_K & in_draft
+    if star:
+      verifier = _position_function(method, "fixed", rho_KxL[rep, t_draft])
+    else:
+      verifier = _position_function(method, rho_mode, rho_value)
+    verdict = verifier(keys_L1[t], x_K, p_V, q_V, valid_K)
     match_K = valid_K & (x_K == verdict.token)
     hit = jnp.any(match_K)
-    stats = BlockStats(
-      s.stats.hit_L1.at[s.t].set(hit),
-      s.stats.accepted_L1.at[s.t].set(verdict.accepted),
-      s.stats.survivors_L1.at[s.t].set(jnp.sum(valid_K)),
-      s.stats.rho_L1.at[s.t].set(verdict.rho),
-      s.stats.overshoot_L1.at[s.t].set(verdict.overshoot),
+    out = (
+      jnp.where(live, verdict.token, 0),
+      live & hit,
+      live & verdict.accepted,
+      jnp.where(live, jnp.sum(valid_K), 0),
+      jnp.where(live, verdict.rho, 0.0),
+      jnp.where(live, verdict.overshoot, 0.0),
     )
-    return _WalkState(s.t + 1, ~hit, match_K, s.tokens_L1.at[s.t].set(verdict.token), stats)
+    # After a miss no draft survives: the masked positions verify none (cheap).
+    return (live & hit, match_K), out
 
-  final = jax.lax.while_loop(lambda s: ~s.done, step, init)
-  return final.tokens_L1, final.t, final.stats
+  init = (jnp.bool_(True), jnp.ones((num_drafts,), bool))
+  _, (tokens_L1, hit_L1, accepted_L1, survivors_L1, rho_L1, overshoot_L1) = jax.lax.scan(
+    step, init, jnp.arange(draft_len + 1)
+  )
+  # The walk emits a token at position 0 and one more after every hit.
+  num_tokens = 1 + jnp.sum(hit_L1).astype(jnp.int32)
+  stats = BlockStats(hit_L1, accepted_L1, survivors_L1.astype(jnp.int32), rho_L1, overshoot_L1)
+  return tokens_L1.astype(jnp.int32), num_tokens, stats
+
+
+def rho_star_KxL(drafts_KxL, p_KxLxV, q_KxL1xV):
+  """K-SEQ's rho* at every (draft i, position t) where the walk can verify two or more
+  drafts with i as its representative, as one batched computation; 1 elsewhere.
+
+  If the walk reaches position t with representative i (the first surviving draft), the
+  survivors are the drafts that share i's t-prefix, so k, p[i, t] and q[i, t] are known
+  before the walk. At each t at most K // 2 drafts are the first of a prefix class with
+  k >= 2 (each such class has two members or more), so L (K // 2) rows are solved
+  (`acceptance.rho_star`, vmapped), not K L.
+  """
+  num_drafts, draft_len = drafts_KxL.shape
+  rho_KxL = jnp.ones((num_drafts, draft_len), jnp.float32)
+  slots = num_drafts // 2
+  if slots == 0:
+    return rho_KxL
+  # agree_KxKxL[i, j, t]: drafts i and j share their t-prefix.
+  same_KxKxL = (drafts_KxL[:, None, :] == drafts_KxL[None, :, :]).astype(jnp.int32)
+  shifted_KxKxL = jnp.concatenate([jnp.ones_like(same_KxKxL[..., :1]), same_KxKxL[..., :-1]], -1)
+  agree_KxKxL = jnp.cumprod(shifted_KxKxL, axis=2).astype(bool)
+  k_KxL = jnp.sum(agree_KxKxL, axis=1)
+  earlier_KxK = jnp.tril(jnp.ones((num_drafts, num_drafts), bool), -1)  # [i, j]: j < i
+  solve_KxL = ~jnp.any(agree_KxKxL & earlier_KxK[..., None], axis=1) & (k_KxL >= 2)
+  # At each t the drafts to solve come first (a stable sort keeps the others after them).
+  draft_X = jnp.argsort(~solve_KxL.T, axis=1, stable=True)[:, :slots].ravel()
+  t_X = jnp.repeat(jnp.arange(draft_len), slots)
+  rho_X = jax.vmap(acceptance.rho_star)(
+    p_KxLxV[draft_X, t_X], q_KxL1xV[draft_X, t_X], k_KxL[draft_X, t_X]
+  )
+  return rho_KxL.at[draft_X, t_X].set(jnp.where(solve_KxL[draft_X, t_X], rho_X, 1.0))
 
 
 def _block_walk(verify_fn, key, drafts_KxL, p_KxLxV, q_KxL1xV):

@@ -74,6 +74,96 @@ def test_rho_star_traced_k():
     assert rho == pytest.approx(float(acceptance.rho_star(p, q, k)), abs=1e-6)
 
 
+def _bisection_rho_star(p_V, q_V, k):
+  """rho* by 32 float32 bisection steps on [1, k], keeping the upper end (how
+  `acceptance.rho_star` solved it before its fixed bracketing steps)."""
+  k_f = jnp.maximum(jnp.asarray(k, jnp.float32), 1.0)
+
+  def excess(rho):
+    beta = jnp.sum(jnp.minimum(p_V, q_V / rho), axis=-1)
+    return acceptance.one_minus_pow(beta, k_f) - rho * beta
+
+  def bisect(_, bracket):
+    lo, hi = bracket
+    mid = 0.5 * (lo + hi)
+    below = excess(mid) <= 0
+    return jnp.where(below, lo, mid), jnp.where(below, mid, hi)
+
+  one = jnp.float32(1.0)
+  _, hi = jax.lax.fori_loop(0, 32, bisect, (one, k_f))
+  return jnp.where(excess(one) <= 0, one, hi)
+
+
+def _llm_like_pairs(seed, num, vocab=32_000):
+  """(p, q, k) at an LLM vocabulary: q = softmax of N(0, s^2) logits (s from flat to
+  peaked), p the softmax of those logits perturbed (and sometimes at another temperature)."""
+  rng = np.random.default_rng(seed)
+  p_XxV, q_XxV = [], []
+  for i in range(num):
+    scale, noise = (0.5, 1.0, 2.0, 4.0, 8.0)[i % 5], (0.1, 0.3, 1.0, 3.0)[i % 4]
+    logits = scale * rng.normal(size=vocab)
+    draft = (logits + noise * scale * rng.normal(size=vocab)) * (1.0, 1.0, 2.0, 0.5)[i % 4]
+    q_XxV.append(np.exp(logits - logits.max()))
+    p_XxV.append(np.exp(draft - draft.max()))
+  p_XxV = np.asarray(p_XxV) / np.sum(p_XxV, axis=1, keepdims=True)
+  q_XxV = np.asarray(q_XxV) / np.sum(q_XxV, axis=1, keepdims=True)
+  return _f32(p_XxV), _f32(q_XxV), jnp.asarray(rng.integers(2, 9, num), jnp.int32)
+
+
+def _g_and_accept_f64(p_V, q_V, k, rho):
+  """g(rho) = rho beta - (1 - (1 - beta)^k) and P_A in float64 (on the float32 inputs)."""
+  beta = np.minimum(np.float64(p_V), np.float64(q_V) / rho).sum()
+  p_accept = 1 - (1 - beta) ** k
+  return rho * beta - p_accept, p_accept
+
+
+@pytest.mark.numerics
+def test_rho_star_at_llm_vocabulary_is_valid_and_matches_bisection():
+  """Batched as the walk runs it (vmapped, V = 32000 float32): valid up to float32
+  rounding, as the bisection; its acceptance no more than 1e-6 below the bisection's;
+  where the root is well conditioned, within 1e-4 of it (flat g, p close to q with many
+  drafts, leaves rho* itself uncertain in float32 by up to ~1e-3 for both methods)."""
+  p_XxV, q_XxV, k_X = _llm_like_pairs(0, 40)
+  rho_X = np.asarray(jax.jit(jax.vmap(acceptance.rho_star))(p_XxV, q_XxV, k_X))
+  bisect_X = np.asarray(jax.jit(jax.vmap(_bisection_rho_star))(p_XxV, q_XxV, k_X))
+  for p_V, q_V, k, rho, bisect in zip(
+    np.asarray(p_XxV), np.asarray(q_XxV), np.asarray(k_X), rho_X, bisect_X, strict=True
+  ):
+    assert 1.0 <= rho <= k
+    g, p_accept = _g_and_accept_f64(p_V, q_V, k, rho)
+    g_bisect, p_accept_bisect = _g_and_accept_f64(p_V, q_V, k, bisect)
+    assert g >= -5e-7, (k, rho, g)
+    assert p_accept >= p_accept_bisect - 1e-6, (k, rho, bisect)
+    slope = (_g_and_accept_f64(p_V, q_V, k, bisect * 1.001)[0] - g_bisect) / (bisect * 0.001)
+    if slope > 1e-2:
+      assert rho == pytest.approx(bisect, abs=1e-4), (k, rho, bisect)
+
+
+def test_rho_star_boundaries():
+  """k = 1 gives exactly 1; so does g(1) >= 0 (p = q, disjoint supports, equal one-hots);
+  a one-hot q has the closed form 4 (1 - 0.75^k) for a uniform p over 4 tokens."""
+  p_XxV, q_XxV, _ = _llm_like_pairs(1, 4)
+  for p_V, q_V in [*zip(p_XxV, q_XxV, strict=True), *(map(_f32, pq) for pq in EDGE_PAIRS)]:
+    assert float(acceptance.rho_star(p_V, q_V, 1)) == 1.0
+  one_hot = _f32([1.0, 0.0, 0.0, 0.0])
+  at_one = [
+    (_f32([0.125, 0.375, 0.5]),) * 2,
+    (_f32([0.5, 0.5, 0.0, 0.0]), _f32([0.0, 0.0, 0.3, 0.7])),
+    (one_hot, one_hot),
+  ]
+  uniform = _f32([0.25] * 4)
+  for k in range(2, 9):
+    for p_V, q_V in at_one:
+      assert float(acceptance.rho_star(p_V, q_V, k)) == 1.0, (p_V, q_V, k)
+    rho = float(acceptance.rho_star(uniform, one_hot, k))
+    assert rho == pytest.approx(4 * (1 - 0.75**k), abs=1e-6), k
+  # p = q at V = 32000 (sums off 1 by float32 rounding): rho* stays where P_A = 1.
+  p_V = p_XxV[0]
+  for k in (2, 8):
+    rho = float(acceptance.rho_star(p_V, p_V, k))
+    assert _g_and_accept_f64(np.asarray(p_V), np.asarray(p_V), k, rho)[1] >= 1 - 1e-6, k
+
+
 def _kseq_reference(p, q, k, rho):
   law_fn = functools.partial(reference.kseq_law, rho=rho)
   return reference.enumerate_position(lambda x, p, q: law_fn(x, p, q), p, q, k)

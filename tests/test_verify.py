@@ -355,6 +355,64 @@ def test_block_vmaps_under_jit():
   assert tokens.shape == (16, 3) and nums.shape == (16,)
 
 
+def _data_dependent_loops(fn, *args):
+  """The while loops of fn's compiled program whose trip count XLA does not know (on a GPU
+  every iteration of such a loop copies its predicate to the host)."""
+  text = jax.jit(fn).lower(*args).compile().as_text()
+  return [
+    line for line in text.splitlines() if " while(" in line and "known_trip_count" not in line
+  ]
+
+
+@pytest.mark.parametrize(
+  "method, rho_mode, num_drafts",
+  [
+    ("kseq", "star", 4),
+    ("kseq", "k", 4),
+    ("kseq", "fixed", 4),
+    ("specinfer", "k", 4),
+    ("rrs", "k", 4),
+    ("sd", "k", 1),
+    ("block", "k", 1),
+  ],
+)
+def test_walk_has_no_data_dependent_loop(method, rho_mode, num_drafts):
+  draft_len, v = 3, 50
+  drafts_KxL = jnp.zeros((num_drafts, draft_len), jnp.int32)
+  p_KxLxV = jnp.full((num_drafts, draft_len, v), 1.0 / v)
+  q_KxL1xV = jnp.full((num_drafts, draft_len + 1, v), 1.0 / v)
+
+  def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV):
+    return verify.walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, jnp.float32(1.5), method, rho_mode)
+
+  assert not _data_dependent_loops(walk, _KEY, drafts_KxL, p_KxLxV, q_KxL1xV)
+
+
+def test_loop_check_finds_a_data_dependent_loop():
+  def first_power_above(x):
+    return jax.lax.while_loop(lambda y: y < x, lambda y: 2 * y, jnp.float32(1.0))
+
+  assert len(_data_dependent_loops(first_power_above, jnp.float32(10.0))) == 1
+
+
+def test_rho_star_table_holds_the_walks_positions():
+  """`verify.rho_star_KxL` holds rho*(p[i, t], q[i, t], k) where draft i is the first of
+  the k >= 2 drafts sharing its t-prefix, and 1 elsewhere."""
+  num_drafts, draft_len, v = 6, 4, 5
+  rng = np.random.default_rng(1)
+  drafts_KxL = rng.integers(0, 2, (num_drafts, draft_len))
+  p_KxLxV = _f32(rng.dirichlet(np.ones(v), (num_drafts, draft_len)))
+  q_KxL1xV = _f32(rng.dirichlet(np.ones(v), (num_drafts, draft_len + 1)))
+  got = np.asarray(verify.rho_star_KxL(jnp.asarray(drafts_KxL, jnp.int32), p_KxLxV, q_KxL1xV))
+  for i, t in itertools.product(range(num_drafts), range(draft_len)):
+    sharing = [j for j in range(num_drafts) if (drafts_KxL[j, :t] == drafts_KxL[i, :t]).all()]
+    want = 1.0
+    if len(sharing) >= 2 and sharing[0] == i:
+      want = float(acceptance.rho_star(p_KxLxV[i, t], q_KxL1xV[i, t], len(sharing)))
+      assert want > 1.0
+    assert got[i, t] == pytest.approx(want, abs=1e-5), (i, t)
+
+
 _KEY = jax.random.key(0)
 _HALF = _f32([0.5, 0.5])
 _D2 = jnp.zeros(2, jnp.int32)

@@ -45,6 +45,14 @@ CPU note: the hull is a sequential pass over the Vs slots written so that XLA up
 stack in place; under `vmap` it runs position by position (`lax.map`, a custom batching
 rule), the rest is batched.
 
+Data-dependent loops (on a GPU every iteration is a host round trip), per position with
+k >= 2: `apply._plan_where` and `plan.build_plan`'s refinement, `lax.while_loop`s of at
+most one step (a plan is built only where a position needs it; under vmap a `lax.cond`
+would build it for every position); the hull's monotone-chain pass (`slots._hull_stack`,
+at most 2 (Vs + 1) steps, each a push or a pop); the kinetic levels' Newton steps
+(`levels.kinetic_levels`, 5-8, at most nmant + 1). They stay: they skip or shorten the
+plan, which is this verifier's cost, and a fixed-trip form would run every bound.
+
 Layout: `slots` (slot groups and order, the exact prefix sums `Sums`, the hull and its
 blocks), `levels` (the kinetic levels and the selection rates), `plan` (`OptimalPlan`,
 the cut plan and its refinement, REFINE_FACTOR and REFINE_SHORTFALL), `apply` (the
