@@ -2,6 +2,7 @@
 rho settings, broken caches and a model-sharded mesh; greedy, EOS, tree scoring,
 recompiles and bad input (the law of every method: tests/test_engine_law.py)."""
 
+import dataclasses
 import functools
 
 import jax
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import engine, methods, rounds, sharding, tree
+from spectr_jax import engine, methods, programs, rounds, sharding, tree
 from spectr_jax.models import ModelBundle, commit, get_model_config
 from spectr_jax.models.protocol import TransformerDecoder
 from tests import engine_pair, stats
@@ -397,6 +398,42 @@ def test_scanned_and_unrolled_layers_emit_the_same_tokens(models):
     for scan in (True, False)
   ]
   np.testing.assert_array_equal(outs[0].tokens_BxT, outs[1].tokens_BxT)
+
+
+@pytest.mark.parametrize(
+  "method, num_drafts, draft_len",
+  [("autoregressive", 1, 0), ("sd", 1, 3), ("kseq", 3, 3), ("specinfer", 3, 3), ("block", 1, 3)],
+)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_loop_of_rounds_is_the_programs_only_data_dependent_one(
+  models, method, num_drafts, draft_len, temperature
+):
+  """Issue 38: no host round trip inside a round on an accelerator. Compiled, the
+  program's every other while has a trip count XLA knows and there is no conditional;
+  the weights are cast before the program (no convert of a parameter-shaped tensor)."""
+  draft, target = models
+  bf16 = [ModelBundle(dataclasses.replace(m.config, dtype="bfloat16"), m.params) for m in models]
+  lowered = engine.lower(
+    jax.random.key(0),
+    draft=bf16[0],
+    target=bf16[1],
+    prompts=jnp.asarray([[1, 2, 3]]),
+    prompt_lengths=jnp.asarray([3]),
+    method=method,
+    num_drafts=num_drafts,
+    draft_len=draft_len,
+    max_new_tokens=4,
+    temperature=temperature,
+  )
+  module = programs.parse(lowered.compile().as_text())
+  data_dependent = [c for c in programs.control_flow(module) if c.data_dependent]
+  assert [(c.kind, c.op_name) for c in data_dependent] == [("while", "jit(_decode)/while")]
+  shapes = {tuple(x.shape) for x in jax.tree.leaves((draft.params, target.params))}
+  hlo = programs.parse(lowered.as_text(dialect="hlo"))
+  assert programs.parameter_converts(hlo, shapes) == []
+  # The check sees converts where there are some: float32 weights in a bf16 forward.
+  forward = jax.jit(bf16[1].decoder.logits).lower(target.params, jnp.zeros((1, 3), jnp.int32))
+  assert programs.parameter_converts(programs.parse(forward.as_text(dialect="hlo")), shapes)
 
 
 def test_a_traced_temperature_is_refused(models):
