@@ -1,24 +1,56 @@
-"""Decoding benchmark: block efficiency, speed and where a round's time goes.
+"""Decoding benchmark: block efficiency, speed, where a round's time goes, and the
+calibrated latency model (the cost table of `metrics.CostTable`).
 
 For the embedded pair (its checkpoints in $SPECTR_WORKDIR/{draft,target}, trained by
 scripts/train_pair.sh) or, when they are missing, random-weight models of the same sizes,
 prints one row per (method, K, L), all measured in the same run:
-  - block efficiency (tokens per target call) and tokens/s of `engine.generate`;
-  - wall-clock speedup over autoregressive decoding measured here;
-  - one round's time split into draft (L steps), target (one call over K(L+1) positions)
-    and verification (the block walk), each timed alone; the three chained in one loop
+  - block efficiency (tokens per target call) and tokens/s of `engine.generate`, beside
+    the tokens/s the cost table predicts (B x batch efficiency / predicted round);
+  - one round of the engine, measured, beside the round the cost table predicts and
+    their ratio;
+  - the round's parts each timed alone: draft (its L calls), target (one call over
+    K(L + 1) positions) and verification (the block walk); the three chained in one loop
     as in a round; the engine's round function (`rounds.run_round`) in the same kind of
-    loop; the round over the sum of the parts, and the bookkeeping share
-    1 - chained / round (the commit, the statistics, the keys and the loop itself);
-  - the predicted accelerator speedup of the latency model in `metrics.predicted_speedup`
-    (target call flat in K(L+1), draft step cost = parameter ratio).
+    loop;
+  - the speedup over autoregressive decoding measured here (batch efficiency x t_AR /
+    t_round), and the one the cost table predicts (block efficiency x t_AR / t_round,
+    both rounds predicted: `CostTable.speedup`, as the sweep report uses it).
+
+The cost table is written as JSON to --cost_table (default <--workdir>/cost_table.json,
+i.e. $SPECTR_WORKDIR/cost_table.json or ~/.cache/spectr_jax/cost_table.json, beside the
+pair it timed; `python -m experiments.report --cost_table PATH` reads it) and printed.
+How it is measured: a round alternates the two models (the draft's opening call follows
+the previous round's target call, the target call follows the draft's last step), and
+on this CPU a call timed in a loop of its own, its weights and activations warm in the
+processor's caches, costs less than it does in a round (the parts timed alone summed to
+0.76-0.93 of the round in one run; the draft's opening call alone, 0.4-0.6 of what it
+adds to a loop of target calls). So the draft's entries are timed in loops that alternate the
+models as a round does (`model_calls`), read as differences of such loops, all timed
+round-robin with the rows:
+  - draft_open_ms[K] = (opening draft call on K tails, then an autoregressive target
+    call) - (that target call alone): the draft call and both switches between models;
+  - draft_step_ms[K] = ((the drafting of L_K calls, then the target call) - (the opening
+    call, then the target call)) / (L_K - 1), L_K the largest L of the configs at K
+    (in a round, as here, the steps follow one another);
+  - target_ms[N] = the target call on N positions alone (its part timer): behind a draft
+    call it cost the same within the noise (the increment from 1 to N positions behind a
+    one-tail draft call against the call alone, 5 <= N <= 72: -10% to +7% in two runs,
+    no sign), and the switch is counted in draft_open_ms;
+  - verify_ms[method:K:L] = the walk alone on the round's own drafts, p and q (in a round
+    its inputs are the previous call's outputs, warm too);
+  - overhead_ms = the autoregressive round - its target call - its sample: the round's
+    keys, commit, statistics and loop (and the engine loop against the timing loops),
+    measured once; the autoregressive row's prediction equals its round by construction.
+Nothing is fitted to a configuration's round: a row's prediction is the sum of the
+table's parts for its (method, K, L) (`CostTable.round_ms`).
 
 With --draft_dir and --target_dir (Hugging Face checkpoints or training runs, e.g. a
 random checkpoint pair written by tests/hf_checkpoints.py) it times that pair on random
 prompts instead (all embedding rows are sampled: random weights, acceptance means nothing).
 
-Usage: python scripts/bench_decode.py [--batch 4] [--max_new_tokens 64]
+Usage: python scripts/bench_decode.py [--batch 4] [--max_new_tokens 64] [--repeats 5]
          [--configs autoregressive:1:0,sd:1:4,kseq:8:8,...] [--draft_dir D --target_dir T]
+         [--cost_table PATH]
 """
 
 import argparse
@@ -30,11 +62,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import data, engine, pairs, rounds
+from spectr_jax import data, engine, metrics, pairs, rounds
 from spectr_jax.config import DecodeSettings, PairConfig
-from spectr_jax.metrics import predicted_speedup
 from spectr_jax.models import ModelBundle, count_params, get_model_config, init_params, reset_tails
-from spectr_jax.timing import interleaved_medians
+from spectr_jax.timing import interleaved_medians, markdown_table
 
 DEFAULT_CONFIGS = (
   "autoregressive:1:0,sd:1:4,sd:1:8,kseq:2:4,kseq:4:4,kseq:8:4,specinfer:8:4,kseq:8:8"
@@ -64,7 +95,11 @@ def bench_prompts(heldout, batch, prompt_len, vocab):
   return jnp.asarray(tokens, jnp.int32), jnp.full((batch,), prompt_len, jnp.int32)
 
 
+COST_TABLE = "cost_table.json"  # under --workdir, unless --cost_table names a file
 CALLS = 16  # calls of a part per timed loop
+TRACED = rounds.Traced(  # temperature 1, top-p 1, rho 0 (unused: rho*), no stop token
+  jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
+)
 
 
 def _looped(step):
@@ -88,9 +123,49 @@ def _varying(*xs):
   return jax.lax.optimization_barrier(xs)
 
 
+def model_calls(draft_spec, target_spec, draft, target, prompts, lengths, traced=None,
+                drafts_BxKxL=None):  # fmt: skip
+  """A timer `(fn, args)` of a round's model calls, `CALLS` times in a loop (`_looped`):
+  the drafting of `draft_spec` (its L draft calls on K tails and their sampling), then the
+  target call of `target_spec` (K(L + 1) positions per row and their probabilities) on
+  the first draft token in every position; either spec may be None (the other model's
+  calls alone; without a draft, the target scores `drafts_BxKxL` when given: a tree's
+  nodes depend on them). Each call consumes the previous one's output; the tails are
+  reset instead of committed."""
+  traced = TRACED if traced is None else traced
+  last_B = jnp.take_along_axis(prompts, (lengths - 1)[:, None], 1)[:, 0]
+  b = prompts.shape[0]
+  params, caches, states = [None, None], [None, None], [None, None]
+  for i, spec in enumerate((draft_spec, target_spec)):
+    if spec is not None:
+      draft_params = draft.params if spec.draft_len else None
+      init = jax.jit(functools.partial(rounds.init_state, spec))
+      states[i] = init(draft_params, target.params, prompts, lengths)
+      params[i] = (draft, target)[i].params
+      caches[i] = (states[i].draft_cache, states[i].target_cache)[i]
+
+  def step(params, carry):
+    draft_cache, target_cache, keys, token_B = carry
+    if draft_spec is not None:
+      out = rounds.draft(draft_spec, params[0], draft_cache, states[0], keys, traced)
+      token_B, draft_cache = out.tokens_BxKxL[:, 0, 0], reset_tails(out.cache)
+    if target_spec is not None:
+      shape = (b, target_spec.num_drafts, target_spec.draft_len)
+      drafts = jnp.broadcast_to(token_B[:, None, None], shape)
+      if draft_spec is None and drafts_BxKxL is not None:
+        drafts = drafts_BxKxL + (token_B - last_B)[:, None, None]  # the same tokens
+      scored = rounds.score(target_spec, params[1], target_cache, token_B, drafts, traced)
+      target_cache = reset_tails(scored.cache)
+      token_B = _varying(token_B + (scored.q_BxKxL1xV[:, 0, 0, 0] < 0))[0]
+    return draft_cache, target_cache, jax.vmap(jax.random.fold_in)(keys, token_B), token_B
+
+  keys = jax.random.split(jax.random.key(0), b)
+  return _looped(step), (tuple(params), (*caches, keys, last_B))
+
+
 def part_timers(spec, draft, target, prompts, lengths, traced=None):
   """One round's parts as timers `name -> (fn, args)`, each running the part `CALLS`
-  times in a loop (see `_looped`): draft (L draft steps and their sampling), target (one
+  times in a loop (see `_looped`): draft (L draft calls and their sampling), target (one
   call over K(L + 1) positions and its probabilities) and verify (the block walk on
   those p and q), and the three chained in one loop as in a round (each part's output
   feeding the next; tails reset instead of the commit): a round minus "chained" is its
@@ -99,10 +174,7 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
   the engine's own round (`rounds.run_round`: parts, commit, statistics, keys) in the
   same loop, from the state after the prefill, so that round and parts are timed by the
   same harness."""
-  if traced is None:
-    traced = rounds.Traced(
-      jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
-    )
+  traced = TRACED if traced is None else traced
   draft_params = draft.params if spec.draft_len else None
   state = jax.jit(functools.partial(rounds.init_state, spec))(
     draft_params, target.params, prompts, lengths
@@ -113,13 +185,7 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
   drafts = jnp.zeros((b, k, 0), jnp.int32)
   p = None
   if spec.draft_len:
-
-    def draft_step(params, carry):
-      cache, keys = carry
-      out = rounds.draft(spec, params, cache, state, keys, traced)
-      return reset_tails(out.cache), jax.vmap(jax.random.fold_in)(keys, out.tokens_BxKxL[:, 0, 0])
-
-    timers["draft"] = (_looped(draft_step), (draft_params, (state.draft_cache, keys)))
+    timers["draft"] = model_calls(spec, None, draft, target, prompts, lengths, traced)
     draft_fn = jax.jit(functools.partial(rounds.draft, spec, traced=traced))
     out = draft_fn(draft_params, state.draft_cache, state, keys)
     drafts, p = out.tokens_BxKxL, out.p_BxKxLxV
@@ -129,13 +195,8 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
     q, cache = scored.q_BxKxL1xV, scored.cache
     return q, reset_tails(cache)
 
-  def target_step(params, carry):
-    q, cache, drafts = carry
-    q, cache = score(params, cache, drafts)
-    return q, cache, _varying(drafts + (q[:, :1, :1, 0] < 0))[0]
-
   q, _ = jax.jit(score)(target.params, state.target_cache, drafts)
-  timers["target"] = (_looped(target_step), (target.params, (q, state.target_cache, drafts)))
+  timers["target"] = model_calls(None, spec, draft, target, prompts, lengths, traced, drafts)
 
   def verify_step(_, carry):
     keys, p, q = carry
@@ -164,18 +225,71 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
   return timers
 
 
+def _spec(method, num_drafts, draft_len, draft, target, max_new_tokens):
+  return engine.DecodeSpec(
+    method, num_drafts, draft_len, max_new_tokens, None, False, "star",
+    draft.config if draft_len else None, target.config,
+  )  # fmt: skip
+
+
+def cost_timers(configs, draft, target, prompts, lengths, max_new_tokens):
+  """The drafting timers of the cost table, `(name, K) -> (fn, args)`: "open" (the
+  opening draft call on K tails, L = 1) and "steps" (the drafting of the config with the
+  largest L at that K), each followed by an autoregressive target call in a loop, the two
+  models alternating as in a round (`model_calls`; module docstring).
+
+  Returns:
+    (timers, longest): longest[K] = (method, L) of the drafting timed at K.
+  """
+  ar = _spec("autoregressive", 1, 0, draft, target, max_new_tokens)
+  longest = {}
+  for method, k, n in configs:
+    if n and n >= longest.get(k, (None, 0))[1]:
+      longest[k] = (method, n)
+  timers = {}
+  for k, (method, n) in longest.items():
+    for name, length in (("open", 1), ("steps", n))[: 1 + (n > 1)]:
+      spec = _spec(method, k, length, draft, target, max_new_tokens)
+      timers[(name, k)] = model_calls(spec, ar, draft, target, prompts, lengths)
+  return timers, longest
+
+
+def cost_table(configs, ms, longest, round_ar_ms, draft, target, batch) -> metrics.CostTable:
+  """The `metrics.CostTable` of this run (module docstring): `ms[key]` the median ms of
+  one call of each timer of `bench`, configs[0] autoregressive decoding."""
+  target_1 = ms[(0, "target")]
+  steps = {
+    k: (ms[("steps", k)] - ms[("open", k)]) / (n - 1) for k, (_, n) in longest.items() if n > 1
+  }
+  return metrics.CostTable(
+    device=jax.devices()[0].device_kind,
+    jax_version=jax.__version__,
+    draft_params=count_params(draft.params),
+    target_params=count_params(target.params),
+    dtype=target.config.dtype,
+    batch=batch,
+    draft_open_ms={k: ms[("open", k)] - target_1 for k in longest},
+    draft_step_ms=steps,
+    target_ms={k * (n + 1): ms[(i, "target")] for i, (_, k, n) in enumerate(configs)},
+    verify_ms={metrics.verify_key(*c): ms[(i, "verify")] for i, c in enumerate(configs)},
+    overhead_ms=round_ar_ms - target_1 - ms[(0, "verify")],
+  )
+
+
 def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, repeats):
-  """One row per (method, K, L); the first config must be autoregressive (the baseline).
+  """(rows, cost table): one row per (method, K, L) (the first config must be
+  autoregressive, the baseline) and the `metrics.CostTable` measured in the same run.
 
   The round is (a run of `max_new_tokens` - a run of one token) / (the rounds between
   them), so the prefill and the per-call cost of `generate` cancel. Every timer of every
-  config (both runs, the parts, the chained parts, the round loop) is timed round-robin
-  in one `interleaved_medians`, so a change of the machine's load moves all rows alike
-  and ratios across rows (a method's round over K-SEQ's, a speedup over autoregressive
-  decoding) are as meaningful as those inside a row."""
-  cost_ratio = count_params(draft.params) / count_params(target.params)
+  config (both runs, the parts, the chained parts, the round loop) and of the cost table
+  is timed round-robin in one `interleaved_medians`, so a change of the machine's load
+  moves all rows alike and ratios across rows (a method's round over K-SEQ's, a speedup
+  over autoregressive decoding, a predicted round over the measured one) are as
+  meaningful as those inside a row."""
   max_new_tokens = settings.max_new_tokens
-  timers, runs = {}, []
+  timers, longest = cost_timers(configs, draft, target, prompts, lengths, max_new_tokens)
+  runs = []
   for i, (method, num_drafts, draft_len) in enumerate(configs):
     kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
     kw.update(method=method, num_drafts=num_drafts, draft_len=draft_len)
@@ -185,53 +299,52 @@ def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, re
     one = run(jax.random.key(0), max_new_tokens=1)
     extra = int(np.max(np.asarray(out.stats.rounds_B)) - np.max(np.asarray(one.stats.rounds_B)))
     tokens = lambda n, run=run: run(jax.random.key(0), max_new_tokens=n).tokens_BxT
-    spec = engine.DecodeSpec(
-      method, num_drafts, draft_len, max_new_tokens, None, False, "star",
-      draft.config if draft_len else None, target.config,
-    )  # fmt: skip
+    spec = _spec(method, num_drafts, draft_len, draft, target, max_new_tokens)
     config_timers = {"full": (tokens, (max_new_tokens,)), "one": (tokens, (1,))}
     config_timers.update(part_timers(spec, draft, target, prompts, lengths))
     timers.update({(i, name): timer for name, timer in config_timers.items()})
     runs.append((out, extra))
     print(f"prepared {method}:{num_drafts}:{draft_len} ({i + 1}/{len(configs)})", flush=True)
   medians = interleaved_medians(timers, repeats)
+  ms = {key: 1e3 * value / CALLS for key, value in medians.items()}
+  round_ms = [
+    1e3 * (medians[(i, "full")] - medians[(i, "one")]) / max(extra, 1)
+    for i, (_, extra) in enumerate(runs)
+  ]
+  costs = cost_table(configs, ms, longest, round_ms[0], draft, target, prompts.shape[0])
   rows = []
   for i, (method, num_drafts, draft_len) in enumerate(configs):
-    t = {name: value for (j, name), value in medians.items() if j == i}
-    out, extra = runs[i]
-    round_s = (t["full"] - t["one"]) / max(extra, 1)
-    parts = {name: t.get(name, 0.0) / CALLS for name in ("draft", "target", "verify")}
-    parts_s = sum(parts.values())
+    out = runs[i][0]
     emitted_B = np.asarray(out.stats.emitted_B)
-    loop_rounds = int(np.max(np.asarray(out.stats.rounds_B)))
-    row = dict(
-      method=method,
-      K=num_drafts,
-      L=draft_len,
-      efficiency=float(out.stats.block_efficiency),
-      batch_efficiency=float(np.mean(emitted_B)) / loop_rounds,
-      tokens_per_s=float(np.sum(np.asarray(out.lengths_B))) / t["full"],
-      round_ms=1e3 * round_s,
-      draft_ms=1e3 * parts["draft"],
-      target_ms=1e3 * parts["target"],
-      verify_ms=1e3 * parts["verify"],
-      parts_ms=1e3 * parts_s,
-      chained_ms=1e3 * t["chained"] / CALLS,
-      round_loop_ms=1e3 * t["round loop"] / CALLS,
-      round_over_parts=round_s / parts_s,
-      bookkeeping=1.0 - t["chained"] / CALLS / round_s,
-      predicted=predicted_speedup(float(out.stats.block_efficiency), draft_len, cost_ratio),
+    efficiency = float(out.stats.block_efficiency)
+    batch_efficiency = float(np.mean(emitted_B)) / int(np.max(np.asarray(out.stats.rounds_B)))
+    predicted_ms = costs.round_ms(method, num_drafts, draft_len)
+    rows.append(
+      dict(
+        method=method,
+        K=num_drafts,
+        L=draft_len,
+        efficiency=efficiency,
+        batch_efficiency=batch_efficiency,
+        tokens_per_s=float(np.sum(np.asarray(out.lengths_B))) / medians[(i, "full")],
+        predicted_tokens_per_s=costs.tokens_per_s(batch_efficiency, method, num_drafts, draft_len),
+        round_ms=round_ms[i],
+        predicted_ms=predicted_ms,
+        predicted_over_round=predicted_ms / round_ms[i],
+        draft_ms=ms.get((i, "draft"), 0.0),
+        target_ms=ms[(i, "target")],
+        verify_ms=ms[(i, "verify")],
+        chained_ms=ms[(i, "chained")],
+        round_loop_ms=ms[(i, "round loop")],
+        # Tokens per round of the batch (rows move in lockstep) x t_AR / t_round.
+        measured=batch_efficiency * round_ms[0] / round_ms[i],
+        predicted=costs.speedup(efficiency, method, num_drafts, draft_len),
+      )
     )
-    base = rows[0] if rows else row
-    # The latency model with this machine's measured parts: tokens per round of the batch
-    # (rows move in lockstep) times the autoregressive round time over the parts' sum.
-    row["predicted_here"] = row["batch_efficiency"] * base["round_ms"] / row["parts_ms"]
-    row["measured_here"] = row["batch_efficiency"] * base["round_ms"] / row["round_ms"]
-    rows.append(row)
-  return rows
+  return rows, costs
 
 
-def format_table(rows, baseline):
+def format_table(rows):
   cols = (
     ("method", "method", "{}"),
     ("K", "K", "{}"),
@@ -239,22 +352,28 @@ def format_table(rows, baseline):
     ("efficiency", "block eff.", "{:.2f}"),
     ("batch_efficiency", "batch eff.", "{:.2f}"),
     ("tokens_per_s", "tokens/s", "{:.1f}"),
+    ("predicted_tokens_per_s", "predicted tokens/s", "{:.1f}"),
     ("round_ms", "round ms", "{:.2f}"),
+    ("predicted_ms", "predicted round ms", "{:.2f}"),
+    ("predicted_over_round", "predicted / measured", "{:.2f}"),
     ("draft_ms", "draft ms", "{:.2f}"),
     ("target_ms", "target ms", "{:.2f}"),
     ("verify_ms", "verify ms", "{:.2f}"),
-    ("parts_ms", "sum of parts ms", "{:.2f}"),
     ("chained_ms", "parts chained ms", "{:.2f}"),
     ("round_loop_ms", "round loop ms", "{:.2f}"),
-    ("round_over_parts", "round / parts", "{:.2f}"),
-    ("bookkeeping", "bookkeeping", "{:.0%}"),
-    ("predicted_here", "speedup predicted (parts)", "{:.2f}x"),
-    ("measured_here", "speedup measured", "{:.2f}x"),
-    ("predicted", "predicted accel. speedup", "{:.2f}x"),
+    ("measured", "speedup measured", "{:.2f}x"),
+    ("predicted", "predicted speedup (measured costs)", "{:.2f}x"),
   )
-  lines = ["| " + " | ".join(title for _, title, _ in cols) + " |", "|" + "---|" * len(cols)]
-  for row in rows:
-    lines.append("| " + " | ".join(fmt.format(row[key]) for key, _, fmt in cols) + " |")
+  return markdown_table(rows, cols)
+
+
+def format_costs(costs: metrics.CostTable) -> str:
+  """The cost table as text: one line per part."""
+  lines = [f"cost table ({costs.describe()}), ms:"]
+  for name in ("draft_open_ms", "draft_step_ms", "target_ms", "verify_ms"):
+    parts = ", ".join(f"{key}: {value:.3f}" for key, value in getattr(costs, name).items())
+    lines.append(f"  {name} {{{parts}}}")
+  lines.append(f"  overhead_ms {costs.overhead_ms:.3f}")
   return "\n".join(lines)
 
 
@@ -268,6 +387,9 @@ def main():
   parser.add_argument("--workdir", default=str(data.default_workdir()))
   parser.add_argument("--draft_dir", help="a draft checkpoint or run directory")
   parser.add_argument("--target_dir", help="a target checkpoint or run directory")
+  parser.add_argument(
+    "--cost_table", help="where the measured cost table goes (default <workdir>/cost_table.json)"
+  )
   args = parser.parse_args()
   if (args.draft_dir is None) != (args.target_dir is None):
     parser.error("--draft_dir and --target_dir go together")
@@ -288,10 +410,12 @@ def main():
   settings = DecodeSettings(
     num_prompts=args.batch, prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens
   )
-  rows = bench(draft, target, prompts, lengths, configs, settings, args.repeats)
+  rows, costs = bench(draft, target, prompts, lengths, configs, settings, args.repeats)
+  path = pathlib.Path(args.cost_table or pathlib.Path(args.workdir) / COST_TABLE).expanduser()
+  costs.save(path)
   print(f"load average after the run: {os.getloadavg()[0]:.2f}")
-  print()
-  print(format_table(rows, rows[0]))
+  print(f"\n{format_costs(costs)}\nwritten to {path}\n")
+  print(format_table(rows))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """The accelerator benchmark: the cost split of a round and the latency-model check.
 
 Runs `bench_decode.bench` (one row per (method, K, L): block efficiency, one engine
-round beside its separately timed draft, target and verify parts, the speedup predicted
-from those parts beside the measured one) on the default device, with random-weight
-PaLM-style models at the paper's size ratio (a ~1B target, a ~100M draft, bf16
-activations and caches) or a loaded pair of runs (`--draft`, `--target`). Random weights
-make the block efficiency meaningless (the models disagree); the cost split and the
-latency-model check do not depend on it. Eight configurations by default.
+round beside its separately timed draft, target and verify parts, the round predicted by
+the cost table measured in the same run beside the measured one; the table is printed)
+on the default device, with random-weight PaLM-style models at the paper's size ratio (a
+~1B target, a ~100M draft, bf16 activations and caches) or a loaded pair of runs
+(`--draft`, `--target`). Random weights make the block efficiency meaningless (the
+models disagree); the cost split and the latency-model check do not depend on it. Eight
+configurations by default.
 
 Compiling dominates on a GPU: on an H200 (docs/PERFORMANCE.md, "On an accelerator") the
 autoregressive and K-SEQ 8 x 8 rows took about 4 minutes with their compiles, and a tree
@@ -32,7 +33,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_decode import bench, format_table
+from bench_decode import bench, format_costs, format_table
 from bench_tree import BUDGET_COLS, budget_rows, compare, format_rows, parse_configs
 
 from spectr_jax import pairs
@@ -115,9 +116,9 @@ def main():
     configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
     if configs[0][0] != "autoregressive":
       configs.insert(0, ("autoregressive", 1, 0))
-    rows = bench(draft, target, prompts, lengths, configs, settings, args.repeats)
-    print()
-    print(format_table(rows, rows[0]))
+    rows, costs = bench(draft, target, prompts, lengths, configs, settings, args.repeats)
+    print(f"\n{format_costs(costs)}\n")
+    print(format_table(rows))
   if args.tree_configs:
     tree_configs = parse_configs(args.tree_configs)
     batch = (prompts, lengths)

@@ -4,7 +4,10 @@ One row per (method, K, L, rho) over its seeds: block efficiency (emitted tokens
 target call, pooled over prompts and seeds) with a two-level bootstrap 95% interval
 (seeds resampled, then prompts within each drawn seed), the hit rate at the first draft
 position, measured decoding tokens/s and its ratio to autoregressive decoding of the same
-sweep, and the accelerator speedup that `metrics.predicted_speedup` predicts. Written as
+sweep, and a predicted speedup: from the costs a benchmark measured on a device
+(`metrics.CostTable`, given to `write_report`) or, without one, the memory-bound model of
+an accelerator with the parameter ratio (`metrics.predicted_speedup`), the column titled
+by the model it comes from. Written as
 markdown and CSV, with PNG plots (matplotlib, Agg backend): block efficiency vs K for
 each L, and, for a rho ablation, exact acceptance vs K for each strategy with the
 optimal bound.
@@ -36,7 +39,7 @@ _COLUMNS = (
   ("hit_at_1", "hit rate at t=1", "{:.3f}"),
   ("tokens_per_s", "tokens/s", "{:.0f}"),
   ("speedup", "speedup (measured)", "{:.2f}x"),
-  ("predicted_speedup", "speedup (predicted, accel.)", "{:.2f}x"),
+  ("predicted_speedup", "speedup (predicted: {model})", "{:.2f}x"),
   ("samples", "seeds x prompts", "{}"),
 )
 # Beside the columns above, for configurations that are not exact.
@@ -225,18 +228,23 @@ def unusable_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   return [r for r in records if sum(r["rounds"]) == 0]
 
 
-def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(
+  records: Sequence[dict[str, Any]], costs: metrics.CostTable | None = None
+) -> list[dict[str, Any]]:
   """One row per cell group (all fields but the seed), sorted: exact configurations
   first (method-wise), then those that are not exact. A group with an unusable record
   (`unusable_records`) is left out.
 
   Args:
     records: results.jsonl records (see `experiment.run_cell`).
+    costs: measured round costs for predicted_speedup (None: the memory-bound model).
 
   Returns:
     Rows with method, K, L, rho, block_efficiency and its interval (lower, upper,
     interval), hit_at_1, tokens_per_s, speedup (over the autoregressive group with the
-    same decoding setting; None without one), predicted_speedup, seeds, prompts, samples.
+    same decoding setting; None without one), predicted_speedup (None where `costs`
+    has no round of its cell: `predicted`) and latency_model (`latency_model`), seeds,
+    prompts, samples.
   """
   groups: dict[str, list[dict[str, Any]]] = {}
   for record in records:
@@ -257,7 +265,6 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     tokens_per_s = sum(r["timed_tokens"] for r in members) / max(
       sum(r["decode_seconds"] for r in members), 1e-12
     )
-    cost_ratio = members[0]["draft_params"] / max(members[0]["target_params"], 1)
     method = methods.METHODS.get(cell["method"])
     label = method.label if method else cell["method"]
     scored = [r["target_positions"] for r in members if "target_positions" in r]
@@ -286,7 +293,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
       "interval": f"[{lower:.2f}, {upper:.2f}]",
       "hit_at_1": hits / reached if cell["draft_len"] and reached else None,
       "tokens_per_s": tokens_per_s,
-      "predicted_speedup": metrics.predicted_speedup(estimate, cell["draft_len"], cost_ratio),
+      "predicted_speedup": predicted(members[0], estimate, costs),
+      "latency_model": latency_model(costs),
       "seeds": len(members),
       "prompts": emitted_ZxE.shape[1],
       "samples": f"{len(members)} x {emitted_ZxE.shape[1]}",
@@ -306,12 +314,40 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   return sorted(rows, key=_sort_key)
 
 
+def latency_model(costs: metrics.CostTable | None) -> str:
+  """The name of the model behind predicted_speedup."""
+  return metrics.MEMORY_BOUND if costs is None else metrics.MEASURED
+
+
+def predicted(
+  record: dict[str, Any], block_efficiency: float, costs: metrics.CostTable | None
+) -> float | None:
+  """The predicted speedup of a record's cell: from `costs` for rounds on K tails of the
+  scheme's default drafts that it measured (None otherwise: trees, drafted tree shapes
+  and rounds it lacks), else the memory-bound model at the record's parameter ratio."""
+  cell = record["cell"]
+  k, n = cell["num_drafts"], cell["draft_len"]
+  if costs is None:
+    ratio = record["draft_params"] / max(record["target_params"], 1)
+    return metrics.predicted_speedup(block_efficiency, n, ratio)
+  if cell.get("tree") or cell.get("branching") or not costs.covers(cell["method"], k, n):
+    return None
+  return costs.speedup(block_efficiency, cell["method"], k, n)
+
+
+def decoding_columns(costs: metrics.CostTable | None = None) -> list:
+  """The decoding table's columns, the predicted speedup's title naming its model."""
+  return [(key, title.format(model=latency_model(costs)), fmt) for key, title, fmt in _COLUMNS]
+
+
 def _format(value: Any, fmt: str) -> str:
   return "-" if value is None else fmt.format(value)
 
 
-def markdown_table(rows: Sequence[dict[str, Any]], columns=_COLUMNS) -> str:
-  """A markdown table of `rows` (the rho column only when some row has one)."""
+def markdown_table(rows: Sequence[dict[str, Any]], columns=None) -> str:
+  """A markdown table of `rows` (the rho column only when some row has one); the
+  decoding table's columns by default."""
+  columns = decoding_columns() if columns is None else columns
   if all(row.get("rho_name") is None for row in rows):
     columns = [c for c in columns if c[0] != "rho_name"]
   lines = ["| " + " | ".join(title for _, title, _ in columns) + " |"]
@@ -434,13 +470,37 @@ def records_for(
   return [records[k] for k in keys if k in records]
 
 
-def write_report(results_dir: str | pathlib.Path, keys: Sequence[str] | None = None) -> str:
+def _model_note(costs: metrics.CostTable | None, records: Sequence[dict[str, Any]]) -> str:
+  """What the predicted speedup rests on, under the decoding table."""
+  if costs is None:
+    return (
+      f"Predicted speedup: {metrics.MEMORY_BOUND} (a round costs 1 + L x draft/target "
+      "parameters target steps; not measured, an accelerator's idealisation)."
+    )
+  pairs = {(r["draft_params"], r["target_params"]) for r in records}
+  other = "" if pairs == {(costs.draft_params, costs.target_params)} else (
+    f"; these results decoded another pair ({', '.join(f'{d:,} / {t:,}' for d, t in pairs)})"
+  )  # fmt: skip
+  return (
+    f"Predicted speedup: {metrics.MEASURED} ({costs.describe()}{other}): block efficiency "
+    "x t_AR / t_round, each round the sum of its measured parts ('-': a round the table "
+    "lacks)."
+  )
+
+
+def write_report(
+  results_dir: str | pathlib.Path,
+  keys: Sequence[str] | None = None,
+  costs: metrics.CostTable | None = None,
+) -> str:
   """Writes table.md, table.csv and the plots to <results_dir>/report; returns the markdown.
 
   Args:
     results_dir: a sweep's results directory (results.jsonl, optional analysis.json).
     keys: when given, only the cells with these keys are reported (else every record
       there); `experiments/report.py` passes the keys of a config's grid.
+    costs: measured round costs for the predicted speedup (`metrics.CostTable`, written
+      by scripts/bench_decode.py); None: the memory-bound model, parameter ratio.
 
   Returns:
     The markdown: the decoding table and, for a rho ablation, the per-position table.
@@ -449,7 +509,7 @@ def write_report(results_dir: str | pathlib.Path, keys: Sequence[str] | None = N
   out = results_dir / REPORT_DIR
   out.mkdir(parents=True, exist_ok=True)
   records = records_for(results_dir, keys)
-  rows = summarize(records)
+  rows = summarize(records, costs)
   if not rows:
     raise ValueError(f"no usable results in {results_dir}")
   write_csv(rows, out / "table.csv")
@@ -465,7 +525,9 @@ def write_report(results_dir: str | pathlib.Path, keys: Sequence[str] | None = N
     ]  # fmt: skip
   exact = [r for r in rows if r["exact"] is True]
   inexact = [r for r in rows if r["exact"] is not True]
-  text = [f"## Decoding ({results_dir.name})", "", markdown_table(exact), ""]
+  table = decoding_columns(costs)
+  text = [f"## Decoding ({results_dir.name})", "", markdown_table(exact, table), ""]
+  text += [_model_note(costs, records), ""]
   if inexact:
     text += [
       "## Not exact: the output law is NOT the target's (ranked apart)",
@@ -476,7 +538,7 @@ def write_report(results_dir: str | pathlib.Path, keys: Sequence[str] | None = N
       "share of verified draft positions with an overshoot; mean overshoot: mass per "
       "verified position ('-': records without the counts, exactness unknown).",
       "",
-      markdown_table(inexact, _COLUMNS[:5] + _INEXACT_COLUMNS + _COLUMNS[5:]),
+      markdown_table(inexact, table[:5] + list(_INEXACT_COLUMNS) + table[5:]),
       "",
     ]
   gains = paired_gains(records)

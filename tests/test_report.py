@@ -142,6 +142,7 @@ def test_summarize_rows():
   assert star["block_efficiency"] == pytest.approx(64 / 20)
   assert star["lower"] <= star["block_efficiency"] <= star["upper"]
   assert star["predicted_speedup"] == pytest.approx(metrics.predicted_speedup(3.2, 4, 0.1))
+  assert star["latency_model"] == metrics.MEMORY_BOUND
   assert star["hit_at_1"] == pytest.approx(0.5) and star["samples"] == "2 x 2"
   assert fixed["rho_name"] == "rho=1.5" and star["rho_name"] == "rho*"
 
@@ -188,6 +189,45 @@ def test_write_report_tables_and_plots(tmp_path):
     assert png.startswith(b"\x89PNG") and len(png) < 100_000
 
 
+def _costs():
+  """A cost table of the records' pair with the autoregressive, sd and K-SEQ 4 x 4 rounds
+  (no K = 2)."""
+  return metrics.CostTable(
+    device="cpu", jax_version="0.0", draft_params=1, target_params=10, dtype="float32",
+    batch=2, draft_open_ms={1: 0.5, 4: 1.0}, draft_step_ms={1: 0.25, 4: 0.5},
+    target_ms={1: 1.0, 5: 2.0, 20: 4.0},
+    verify_ms={"autoregressive:1:0": 0.1, "sd:1:4": 0.2, "kseq:4:4": 0.5}, overhead_ms=0.1,
+  )  # fmt: skip
+
+
+def test_the_predicted_column_names_its_latency_model(tmp_path):
+  """With a cost table the predicted speedup is block efficiency x t_AR / t_round of its
+  measured rounds ('-' for rounds it lacks and for trees), and the column, the rows and
+  the note under the table say which model it is; without one, the memory-bound model."""
+  costs = _costs()
+  records = _records() + [
+    _record("kseq", 2, 4, 0, [16, 16], [6, 6], 3.0, rho="star"),
+    _record("kseq", 4, 4, 0, [16, 16], [6, 6], 3.0, rho="star", tree=True),
+  ]
+  rows = {(r["method"], r["K"], r["rho"], r["tree"]): r for r in report.summarize(records, costs)}
+  star = rows[("kseq", 4, "star", False)]
+  assert star["latency_model"] == metrics.MEASURED
+  assert star["predicted_speedup"] == pytest.approx(costs.speedup(3.2, "kseq", 4, 4))
+  assert star["predicted_speedup"] == pytest.approx(3.2 * 1.2 / (1.0 + 1.5 + 4.0 + 0.5 + 0.1))
+  assert rows[("kseq", 2, "star", False)]["predicted_speedup"] is None
+  assert rows[("kseq", 4, "star", True)]["predicted_speedup"] is None
+  assert rows[("autoregressive", 1, None, False)]["predicted_speedup"] == pytest.approx(1.0)
+  _write(tmp_path, records)
+  measured = report.write_report(tmp_path, costs=costs)
+  assert f"speedup (predicted: {metrics.MEASURED})" in measured
+  assert metrics.MEMORY_BOUND not in measured and costs.describe() in measured
+  with open(tmp_path / report.REPORT_DIR / "table.csv") as f:
+    assert {r["latency_model"] for r in csv.DictReader(f)} == {metrics.MEASURED}
+  memory_bound = report.write_report(tmp_path)
+  assert f"speedup (predicted: {metrics.MEMORY_BOUND})" in memory_bound
+  assert metrics.MEASURED not in memory_bound
+
+
 def test_report_keeps_the_configs_cells_of_the_latest_pair(tmp_path):
   config = SweepConfig.from_dict(lm1b_spectr.get_config("test").to_dict())
   cells = experiment.expand(config, "new")
@@ -213,6 +253,14 @@ def test_report_entry_point(tmp_path):
     check=True,
   )
   assert "| sd | 1 | 4 | - | 2.00 |" in run.stdout
+  assert metrics.MEMORY_BOUND in run.stdout
+  _costs().save(tmp_path / "costs.json")
+  run = subprocess.run(
+    [sys.executable, "-m", "experiments.report", f"--results_dir={tmp_path}",
+     f"--cost_table={tmp_path / 'costs.json'}"],
+    cwd=_REPO, capture_output=True, text=True, check=True,
+  )  # fmt: skip
+  assert f"speedup (predicted: {metrics.MEASURED})" in run.stdout
 
 
 def _counted(record, invalid, overshoot):
