@@ -281,7 +281,8 @@ def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, re
   autoregressive, the baseline) and the `metrics.CostTable` measured in the same run.
 
   The round is (a run of `max_new_tokens` - a run of one token) / (the rounds between
-  them), so the prefill and the per-call cost of `generate` cancel. Every timer of every
+  them), both one compiled program (the second stops at a traced token limit), so the
+  prefill and the per-call cost of `generate` cancel. Every timer of every
   config (both runs, the parts, the chained parts, the round loop) and of the cost table
   is timed round-robin in one `interleaved_medians`, so a change of the machine's load
   moves all rows alike and ratios across rows (a method's round over K-SEQ's, a speedup
@@ -294,11 +295,12 @@ def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, re
     kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
     kw.update(method=method, num_drafts=num_drafts, draft_len=draft_len)
     kw.update(settings.sampling_args())
-    run = functools.partial(engine.generate, **kw)
-    out = run(jax.random.key(0), max_new_tokens=max_new_tokens)
-    one = run(jax.random.key(0), max_new_tokens=1)
+    # One program for both runs: the one-token run is a traced token limit.
+    run = functools.partial(engine.generate, max_new_tokens=max_new_tokens, **kw)
+    out = run(jax.random.key(0))
+    one = run(jax.random.key(0), token_limit=1)
     extra = int(np.max(np.asarray(out.stats.rounds_B)) - np.max(np.asarray(one.stats.rounds_B)))
-    tokens = lambda n, run=run: run(jax.random.key(0), max_new_tokens=n).tokens_BxT
+    tokens = lambda n, run=run: run(jax.random.key(0), token_limit=n).tokens_BxT
     spec = _spec(method, num_drafts, draft_len, draft, target, max_new_tokens)
     config_timers = {"full": (tokens, (max_new_tokens,)), "one": (tokens, (1,))}
     config_timers.update(part_timers(spec, draft, target, prompts, lengths))
