@@ -52,12 +52,14 @@ SMALL_DRAFT = dict(d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_d
 
 
 def random_pair(small: bool, max_len: int, dtype: str) -> tuple[ModelBundle, ModelBundle]:
-  """Random-weight draft and target models (see the module docstring)."""
+  """Random-weight draft and target models (see the module docstring), as a decode holds
+  them (`ModelBundle.for_decoding`)."""
   vocab, sizes = (SMALL_VOCAB, (SMALL_DRAFT, SMALL_TARGET)) if small else (VOCAB, (DRAFT, TARGET))
   bundles = []
   for seed, size in enumerate(sizes):
     config = ModelConfig(vocab_size=vocab, max_len=max_len, dtype=dtype, **size)
-    bundles.append(ModelBundle(config, init_params(config, jax.random.key(seed))))
+    params = init_params(config, jax.random.key(seed))
+    bundles.append(ModelBundle(config, params).for_decoding())
   return bundles[0], bundles[1]
 
 

@@ -1,6 +1,7 @@
 """scripts/profile_round.py: the engine's operations are attributed to the round's phases."""
 
 import importlib.util
+import json
 import pathlib
 import sys
 
@@ -121,3 +122,27 @@ def test_bench_tree_node_budget_table():
   assert rows[0]["vs_first"] == "+0.000 [+0.000, +0.000]"
   assert all(1 < r["nodes"] <= r["cap"] + 1 and r["be"] >= 1 for r in rows)  # + the root
   assert bench_tree.format_rows(rows, bench_tree.BUDGET_COLS).count("\n") == 3
+
+
+@pytest.mark.slow
+def test_the_device_check_measures_every_row_beside_its_roofline(tmp_path, monkeypatch):
+  """scripts/bench_roofline.py --small (the device check's CPU smoke test): every row
+  of one batch size is written, each program with a roofline has a positive ratio, the
+  rounds a walk share, the batch-1 rounds a projected speedup."""
+  bench_roofline = _script("bench_roofline")
+  out = tmp_path / "roofline.json"
+  argv = ["bench_roofline.py", "--small", "--batches", "1", "--configs", "kseq:2:2"]
+  argv += ["--max_new_tokens", "8", "--repeats", "1", "--block_efficiency", "kseq:2:2=2.0"]
+  monkeypatch.setattr(sys, "argv", [*argv, "--json", str(out)])
+  bench_roofline.main()
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [r["row"] for r in rows] == [
+    "autoregressive step",
+    "draft step, K = 2",
+    "target call, 6 positions",
+    "walk kseq 2x2",
+    "kseq 2x2 round, tails",
+    "kseq 2x2 round, tree",
+  ]
+  assert all(r["ratio"] > 0 for r in rows if "roofline_ms" in r)
+  assert all(0 < r["share"] < 1 and r["projected"] > 0 for r in rows if "round" in r["row"])

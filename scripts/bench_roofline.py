@@ -1,0 +1,256 @@
+"""The device check: each decoding program's time beside its roofline, at batch 1 and 8.
+
+For random-weight models of bench_device.py's device size (a ~0.95B target, a ~97M draft,
+V = 32k, bf16; `--small`: its tiny pair, a CPU smoke test of this script), prints per
+batch size one row for each of: the autoregressive step (the engine's round), the draft
+step (one token on K tails), the target call (K (L + 1) positions per row), the walk
+(alone; its share of the round), and the K-SEQ K x L rounds of `--configs` (default 4 x 4
+and 8 x 8) with tails and as a scored token tree. Each row shows the measured ms, the
+roofline ms, measured / roofline and the seconds its program took to compile.
+
+The roofline of a program is the sum over its model calls of max(bytes read / the copy
+bandwidth, FLOPs / the matmul throughput), both ceilings measured first on the device (a
+copy of a 1 GiB array; a bf16 8192^3 matmul). A model call of P positions per row on B
+rows reads the model's weights once and each row's cached prefix (context C = prompt +
+half the new tokens), and does 2 B P (layer matmul parameters + V D) FLOPs plus 4 B P C H
+Dh per layer for attention. A round is L draft calls of K positions (a tree round's
+opening: one tail) and one target call (K (L + 1) positions, or a tree's N = 1 + K L
+nodes); its walk is timed but has no roofline (no model call). At batch 8 a K = 8, L = 8
+target call scores 576 positions and is compute-bound: a ratio to the autoregressive
+step misleads there, the roofline does not.
+
+Rounds are timed as bench_decode.py times them: (a run of the new tokens - a run stopped
+after one token by a traced limit, the same program) / the rounds between them. A
+program's compile seconds are its first call less a later call. The projected speedup at
+batch 1 (the paper's setting) is `--block_efficiency` (default: the trained embedded
+pair's, docs/REPRODUCTION.md and docs/PERFORMANCE.md) x t_AR / t_round: labelled as a
+projection, since random weights emit what they emit.
+
+Every row is printed as it is measured and appended to `--json` (default $OUT/roofline.json
+where $OUT is set), so a run cut short keeps what it measured.
+
+Usage: python scripts/bench_roofline.py [--small] [--batches 1,8] [--configs kseq:4:4,kseq:8:8]
+         [--max_new_tokens 32] [--repeats 3] [--json PATH]
+"""
+
+import argparse
+import functools
+import json
+import os
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from bench_device import random_pair
+
+from spectr_jax import engine, verify
+from spectr_jax.timing import markdown_table, median_seconds
+
+# The trained embedded pair's block efficiency at (method, K, L), from the main job's
+# tables (docs/REPRODUCTION.md; 8 x 8: docs/PERFORMANCE.md, "Token trees").
+BLOCK_EFFICIENCY = "kseq:4:4=3.26,kseq:8:8=3.54"
+COLS = [
+  ("batch", "B", "{}"),
+  ("row", "program", "{}"),
+  ("ms", "measured ms", "{:.3f}"),
+  ("roofline_ms", "roofline ms", "{:.3f}"),
+  ("ratio", "measured / roofline", "{:.2f}"),
+  ("compile_s", "compile s", "{:.1f}"),
+  ("share", "walk / round", "{:.1%}"),
+  ("projected", "projected speedup (B = 1)", "{:.2f}x"),
+]
+
+
+def ceilings(small: bool, repeats: int) -> tuple[float, float]:
+  """(copy bandwidth in bytes/s, bf16 matmul FLOP/s) measured on the default device."""
+  n = 2**20 if small else 2**28
+  x = jnp.zeros((n,), jnp.float32)
+  copy = jax.jit(lambda x: jax.lax.fori_loop(0, 8, lambda _, x: x + 1.0, x))
+  bandwidth = 8 * 2 * 4 * n / median_seconds(copy, x, repeats=repeats)
+  m = 256 if small else 8192
+  a = jax.random.normal(jax.random.key(0), (m, m), jnp.bfloat16)
+  b = (jax.random.normal(jax.random.key(1), (m, m)) / np.sqrt(m)).astype(jnp.bfloat16)
+  matmul = jax.jit(lambda a, b: jax.lax.fori_loop(0, 8, lambda _, a: a @ b, a))
+  return bandwidth, 8 * 2 * m**3 / median_seconds(matmul, a, b, repeats=repeats)
+
+
+def call_cost(bundle, rows: int, positions: int, context: int) -> tuple[float, float]:
+  """(bytes read, FLOPs) of one model call of `positions` per row (module docstring)."""
+  cfg = bundle.config
+  leaves = jax.tree.leaves(bundle.params)
+  weight_bytes = sum(x.size * x.dtype.itemsize for x in leaves)
+  layer_matmul = sum(x.size for x in jax.tree.leaves(bundle.params["layers"]) if x.ndim >= 3)
+  per_position = layer_matmul + cfg.num_logits * cfg.d_model
+  item = np.dtype(cfg.compute_dtype).itemsize
+  cache_bytes = 2 * cfg.num_layers * rows * context * cfg.num_kv_heads * cfg.head_dim * item
+  attention = 4 * context * cfg.num_heads * cfg.head_dim * cfg.num_layers
+  return (
+    weight_bytes + cache_bytes,
+    2 * rows * positions * per_position + rows * positions * attention,
+  )
+
+
+def roofline_s(costs, bandwidth: float, flops: float) -> float:
+  """The sum over model calls of max(bytes / bandwidth, FLOPs / throughput)."""
+  return sum(max(b / bandwidth, f / flops) for b, f in costs)
+
+
+def first_and_steady(fn, *args, repeats: int) -> tuple[float, float]:
+  """(seconds of the first call, with its compile; median seconds of later calls)."""
+  start = time.perf_counter()
+  jax.block_until_ready(fn(*args))
+  first = time.perf_counter() - start
+  return first, median_seconds(fn, *args, repeats=repeats)
+
+
+def looped(call, calls: int = 8):
+  """`calls` calls of `call(params, carry) -> carry` in one jit (parameters arguments;
+  each call feeds the next, so none is hoisted)."""
+  return jax.jit(lambda params, c: jax.lax.fori_loop(0, calls, lambda _, c: call(params, c), c))
+
+
+def model_call_timer(bundle, rows: int, tails: int, tokens: int, context: int):
+  """A looped `extend` of `tokens` on `tails` tails per row over a prefix of `context`."""
+  decoder = bundle.decoder
+  cache = decoder.init_cache(rows, tails, tokens, context + tokens)
+  cache = cache.replace(prefix_len=jnp.full((rows,), context, jnp.int32))
+
+  def call(params, carry):
+    tokens_BxKxT, cache = carry
+    logits, out = decoder.extend(params, tokens_BxKxT, cache)
+    nxt = jnp.argmax(logits[..., :1, :], axis=-1).astype(jnp.int32)
+    # The tails start over each call (the entries are rewritten, as in a round).
+    return jnp.broadcast_to(nxt, tokens_BxKxT.shape), out.replace(tail_len=cache.tail_len)
+
+  start = jnp.ones((rows, tails, tokens), jnp.int32)
+  return looped(call), (bundle.params, (start, cache))
+
+
+def walk_timer(rows: int, num_drafts: int, draft_len: int, vocab: int):
+  """A looped K-SEQ walk of every row on random p and q (the round's shapes)."""
+  keys = jax.random.split(jax.random.key(2), 3)
+  p = jax.nn.softmax(jax.random.normal(keys[0], (rows, num_drafts, draft_len, vocab)), -1)
+  q = jax.nn.softmax(jax.random.normal(keys[1], (rows, num_drafts, draft_len + 1, vocab)), -1)
+  drafts = jax.random.randint(keys[2], (rows, num_drafts, draft_len), 0, vocab)
+  walk = functools.partial(verify.walk, rho_value=jnp.float32(0), method="kseq", rho_mode="star")
+
+  def call(_, carry):
+    key, drafts = carry
+    tokens, _, _ = jax.vmap(walk)(jax.random.split(key, rows), drafts, p, q)
+    return jax.random.fold_in(key, tokens[0, 0]), drafts
+
+  return looped(call), (None, (jax.random.key(3), drafts))
+
+
+def round_ms(run, max_new_tokens: int, repeats: int) -> tuple[float, float, int]:
+  """(round ms, compile s, emitted per round) of an engine program (module docstring)."""
+  full = functools.partial(run, token_limit=max_new_tokens)
+  one = functools.partial(run, token_limit=1)
+  first, steady = first_and_steady(lambda: full().tokens_BxT, repeats=repeats)
+  one_s = median_seconds(lambda: one().tokens_BxT, repeats=repeats)
+  out, short = full(), one()
+  rounds = int(np.max(np.asarray(out.stats.rounds_B)) - np.max(np.asarray(short.stats.rounds_B)))
+  efficiency = float(out.stats.block_efficiency)
+  return 1e3 * (steady - one_s) / max(rounds, 1), first - steady, efficiency
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--small", action="store_true", help="tiny models: a CPU smoke test")
+  parser.add_argument("--batches", default="1,8")
+  parser.add_argument("--configs", default="kseq:4:4,kseq:8:8", help="method:K:L,...")
+  parser.add_argument("--prompt_len", type=int, default=16)
+  parser.add_argument("--max_new_tokens", type=int, default=32)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--block_efficiency", default=BLOCK_EFFICIENCY)
+  default_json = os.path.join(os.environ["OUT"], "roofline.json") if "OUT" in os.environ else ""
+  parser.add_argument("--json", default=default_json, help="append each row as a JSON line")
+  args = parser.parse_args()
+  start = time.perf_counter()
+  configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
+  efficiency = {
+    tuple(key.split(":")): float(value)
+    for key, value in (item.split("=") for item in args.block_efficiency.split(",") if item)
+  }
+  max_len = args.prompt_len + args.max_new_tokens + max(n for _, _, n in configs) + 1
+  draft, target = random_pair(args.small, max_len, "bfloat16")
+  context = args.prompt_len + args.max_new_tokens // 2
+  vocab = target.config.num_logits
+  device = jax.devices()[0]
+  bandwidth, flops = ceilings(args.small, args.repeats)
+  print(
+    f"device {device.platform} ({device.device_kind}), JAX {jax.__version__}; copy "
+    f"bandwidth {bandwidth / 1e9:.0f} GB/s, bf16 matmul {flops / 1e12:.1f} TFLOP/s; context "
+    f"{context} tokens, {args.max_new_tokens} new tokens",
+    flush=True,
+  )
+  rows = []
+
+  def record(row):
+    rows.append(row)
+    print(markdown_table([row], COLS).splitlines()[-1], flush=True)
+    if args.json:
+      pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+      with open(args.json, "a") as f:
+        f.write(json.dumps({**row, "bandwidth": bandwidth, "flops": flops}) + "\n")
+
+  print("\n".join(markdown_table([], COLS).splitlines()[:2]), flush=True)
+  for b in (int(x) for x in args.batches.split(",")):
+    tokens = np.random.default_rng(0).integers(3, vocab, (b, args.prompt_len))
+    common = dict(
+      prompts=jnp.asarray(tokens, jnp.int32),
+      prompt_lengths=jnp.full((b,), args.prompt_len, jnp.int32),
+      max_new_tokens=args.max_new_tokens,
+      draft=draft,
+      target=target,
+    )
+    run = functools.partial(engine.generate, jax.random.key(0), **common)
+    ar_ms, compile_s, _ = round_ms(
+      functools.partial(run, method="autoregressive"), args.max_new_tokens, args.repeats
+    )
+    ar_roof = roofline_s([call_cost(target, b, 1, context)], bandwidth, flops)
+    record(dict(batch=b, row="autoregressive step", ms=ar_ms, roofline_ms=1e3 * ar_roof,
+                ratio=ar_ms / (1e3 * ar_roof), compile_s=compile_s))  # fmt: skip
+    for method, k, length in configs:
+      name = f"{method} {k}x{length}"
+      draft_cost = call_cost(draft, b, k, context)
+      target_cost = call_cost(target, b, k * (length + 1), context)
+      tree_cost = call_cost(target, b, 1 + k * length, context)
+      for part, (timer, cost) in {
+        f"draft step, K = {k}": (model_call_timer(draft, b, k, 1, context), draft_cost),
+        f"target call, {k * (length + 1)} positions": (
+          model_call_timer(target, b, k, length + 1, context),
+          target_cost,
+        ),
+        f"walk {name}": (walk_timer(b, k, length, vocab), None),
+      }.items():
+        fn, fn_args = timer
+        first, steady = first_and_steady(fn, *fn_args, repeats=args.repeats)
+        ms = 1e3 * steady / 8
+        row = dict(batch=b, row=part, ms=ms, compile_s=first - steady)
+        if cost is not None:
+          roof = 1e3 * roofline_s([cost], bandwidth, flops)
+          row.update(roofline_ms=roof, ratio=ms / roof)
+        else:
+          walk_ms = ms
+        record(row)
+      for use_tree in (False, True):
+        spec = dict(method=method, num_drafts=k, draft_len=length, tree=use_tree)
+        ms, compile_s, _ = round_ms(functools.partial(run, **spec), args.max_new_tokens,
+                                    args.repeats)  # fmt: skip
+        opening = call_cost(draft, b, 2 if use_tree else 2 * k, context)
+        calls = [opening] + [draft_cost] * (length - 1) + [tree_cost if use_tree else target_cost]
+        roof = 1e3 * roofline_s(calls, bandwidth, flops)
+        row = dict(batch=b, row=f"{name} round, {'tree' if use_tree else 'tails'}", ms=ms,
+                   roofline_ms=roof, ratio=ms / roof, compile_s=compile_s,
+                   share=walk_ms / ms)  # fmt: skip
+        if b == 1 and (method, str(k), str(length)) in efficiency:
+          row["projected"] = efficiency[method, str(k), str(length)] * ar_ms / ms
+        record(row)
+  print(f"\n{markdown_table(rows, COLS)}\n\ntotal {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+  main()
