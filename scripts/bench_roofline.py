@@ -46,6 +46,7 @@ import numpy as np
 from bench_device import random_pair
 
 from spectr_jax import engine, verify
+from spectr_jax.models import init_params
 from spectr_jax.timing import markdown_table, median_seconds
 
 # The trained embedded pair's block efficiency at (method, K, L), from the main job's
@@ -81,7 +82,8 @@ def call_cost(bundle, rows: int, positions: int, context: int) -> tuple[float, f
   cfg = bundle.config
   leaves = jax.tree.leaves(bundle.params)
   weight_bytes = sum(x.size * x.dtype.itemsize for x in leaves)
-  layer_matmul = sum(x.size for x in jax.tree.leaves(bundle.params["layers"]) if x.ndim >= 3)
+  stacked = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
+  layer_matmul = sum(x.size for x in jax.tree.leaves(stacked["layers"]) if x.ndim >= 3)
   per_position = layer_matmul + cfg.num_logits * cfg.d_model
   item = np.dtype(cfg.compute_dtype).itemsize
   cache_bytes = 2 * cfg.num_layers * rows * context * cfg.num_kv_heads * cfg.head_dim * item

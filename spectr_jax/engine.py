@@ -247,9 +247,9 @@ def generate(
       on the batch it is in, its padding or the sharding.
     draft: the draft model bundle (None for "autoregressive").
     target: the target model bundle. Both are decoded as `ModelBundle.for_decoding`
-      holds them (weights in the compute dtype, the decoder's layout): load them that
-      way (`pairs.load_pair`, `runs.load_bundle(for_decoding=True)`), else every call
-      casts them first.
+      holds them (weights in the compute dtype, layers stacked or split as
+      `scan_layers` runs them): load them that way (`pairs.load_pair`,
+      `runs.load_bundle(for_decoding=True)`), else every call converts them first.
     prompts: B x P int token ids, right-padded.
     prompt_lengths: B ints in [1, P].
     method: a name of the method registry (`spectr_jax.methods`): "autoregressive"
@@ -282,9 +282,9 @@ def generate(
       (`drafting.PROPORTIONAL`: each node's children and their shares of the K paths
       follow the draft's probabilities); None for the scheme's default.
     scan_layers: run the models' layers under `lax.scan` (one compiled layer: compiles
-      fast) or unrolled (False); None: scan models of `models.protocol.SCAN_MIN_LAYERS`
-      layers or more, and every model in rounds that score a tree. The same tokens
-      either way, to rounding.
+      fast; layers stacked) or unrolled (False; layers split); None: scan models of
+      `models.layout.SCAN_MIN_LAYERS` layers or more. The same tokens either way, to
+      rounding.
 
   Returns:
     `GenerateOutput(tokens_BxT, lengths_B, stats)`.
@@ -313,9 +313,11 @@ def _prepare(
   """Checks the inputs of `generate`; returns its program, the placed arguments and B."""
   if not methods.get(method).speculative:
     num_drafts, draft_len = 1, 0
-  target = target.for_decoding()
+  if scan_layers not in (None, True, False):
+    raise ValueError(f"scan_layers must be True, False or None, got {scan_layers!r}")
+  target = target.for_decoding(scan_layers)
   if draft is not None and draft_len:
-    draft = draft.for_decoding()
+    draft = draft.for_decoding(scan_layers)
   _check_inputs(key, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
                 max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids)  # fmt: skip
   if mesh is not None and DATA_AXIS not in mesh.axis_names:
@@ -326,8 +328,6 @@ def _prepare(
     raise ValueError(f"tree must be True or False, got {tree!r}")
   token_limit = max_new_tokens if token_limit is None else token_limit
   checks.integer("token_limit", token_limit, 1, max_new_tokens)
-  if scan_layers not in (None, True, False):
-    raise ValueError(f"scan_layers must be True, False or None, got {scan_layers!r}")
   if not checks.is_concrete(temperature):
     raise ValueError(
       "temperature must be a number, not a traced value: greedy decoding (0) and sampling "

@@ -43,9 +43,8 @@ class DecodeSpec:
   branching: tuple[int, ...] | str | None = None
   # Greedy decoding (one-hot on the argmax) rather than sampling at `Traced.temperature`.
   greedy: bool = False
-  # The models' layer stacks under lax.scan (True) or unrolled (False); None: scan for
-  # deep models (`models.protocol.SCAN_MIN_LAYERS`) and in rounds that score a tree
-  # (its node counts compile one target call each).
+  # The models' layer stacks under lax.scan (True, parameters stacked) or unrolled (False,
+  # parameters split per layer); None: scan deep models (`models.layout.scans`).
   scan_layers: bool | None = None
 
   @property
@@ -60,18 +59,14 @@ class DecodeSpec:
     return self.draft_len + 1
 
   @property
-  def _scan(self) -> bool | None:
-    return True if self.scan_layers is None and self.scores_tree else self.scan_layers
-
-  @property
   def draft(self) -> Decoder:
     """The draft model's decoder (L > 0)."""
-    return decoder(self.draft_config, self._scan)
+    return decoder(self.draft_config, self.scan_layers)
 
   @property
   def target(self) -> Decoder:
     """The target model's decoder."""
-    return decoder(self.target_config, self._scan)
+    return decoder(self.target_config, self.scan_layers)
 
 
 @struct.dataclass

@@ -165,8 +165,8 @@ def load_bundle(
     workdir: the run's directory.
     step: which checkpoint; None means the final one (`num_steps`).
     mesh: where to place the parameters (each device reads only its shards).
-    for_decoding: restore every float parameter in the model's compute dtype (as a
-      decode holds it: `ModelBundle.for_decoding`) rather than float32.
+    for_decoding: restore every float parameter in the model's compute dtype rather
+      than float32, the layers as a decode holds them (`ModelBundle.for_decoding`).
 
   Returns:
     The model config and parameters.
@@ -183,8 +183,8 @@ def load_bundle(
     )
   model_config = config.model_config()
   abstract = jax.eval_shape(functools.partial(init_params, model_config), jax.random.key(0))
-  if for_decoding:
-    abstract = layout.for_decoding(abstract, model_config)
+  if for_decoding:  # the compute dtype as restored; the layers split after (if unrolled)
+    abstract = layout.for_decoding(abstract, model_config, scan_layers=True)
   if mesh is None:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     placements = jax.tree.map(lambda _: device, abstract)
@@ -200,7 +200,8 @@ def load_bundle(
   params = _restore(manager, want, args)["params"]
   if per_layer:
     params = jax.device_put(_stacked(params, model_config), placements)
-  return ModelBundle(config=model_config, params=params)
+  bundle = ModelBundle(config=model_config, params=params)
+  return bundle.for_decoding() if for_decoding else bundle
 
 
 def _saved_per_layer(manager: ocp.CheckpointManager, step: int) -> bool:

@@ -144,3 +144,14 @@ def assert_different_mean(a, b, what: str = "") -> float:
   pvalue = _welch_pvalue(a, b)
   assert pvalue < ALPHA, f"{what}: broken variant not rejected (p = {pvalue:.3g})"
   return pvalue
+
+
+def assert_paired_difference(a, b, what: str = "") -> float:
+  """Asserts that a broken variant's per-row values `a` differ on average from the correct
+  run's `b` on the same rows and randomness (a z-test on the paired differences: the rows'
+  shared part, e.g. each prompt's own likelihood, cancels)."""
+  d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+  se = d.std(ddof=1) / np.sqrt(d.size)
+  pvalue = 0.0 if se == 0 and d.mean() != 0 else float(2 * sstats.norm.sf(abs(d.mean()) / se))
+  assert pvalue < ALPHA, f"{what}: broken variant not rejected (p = {pvalue:.3g})"
+  return pvalue

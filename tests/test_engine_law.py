@@ -7,7 +7,7 @@ import pytest
 from spectr_jax import engine, tree
 from spectr_jax.models.protocol import TransformerDecoder
 from tests import engine_pair, stats
-from tests.engine_pair import codes, exact_law, generate, residual_share
+from tests.engine_pair import NUM_SAMPLES, codes, exact_law, generate, residual_share
 
 pytestmark = pytest.mark.execution_bound  # 20k-row decodes: the optimised pass
 
@@ -119,7 +119,9 @@ def test_tree_rounds_reject_a_commit_of_the_wrong_path(models, monkeypatch):
   monkeypatch.setattr(TransformerDecoder, "commit_nodes", first_path)
   monkeypatch.setattr(tree, "from_paths", remember)
   try:
-    out = generate(draft, target, "kseq", 3, 2, 4, key=9, tree=True)
+    # Three times the rows of the law tests: the variant differs only after a round whose
+    # survivor is not path 0.
+    out = generate(draft, target, "kseq", 3, 2, 4, key=9, tree=True, batch=3 * NUM_SAMPLES)
   finally:
     engine.compiled_program.cache_clear()
   law = exact_law(target, 4)

@@ -26,7 +26,9 @@ def _compile(options, method, b, k, draft_len, n, width, tree):
   `xla_default_build`) and the (draft, target) configs with max_len = S."""
   s = width + n + draft_len + 1
   configs = [get_model_config(name, V, max_len=s) for name in ("draft-test", "target-test")]
-  draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
+  draft, target = (
+    ModelBundle(c, init_params(c, jax.random.key(i))).for_decoding() for i, c in enumerate(configs)
+  )
   spec = engine.DecodeSpec(
     method, k, draft_len, n, None, False, "star", draft.config, target.config, tree=tree
   )

@@ -20,7 +20,7 @@ from spectr_jax.models import (
   unstack_layers,
 )
 from spectr_jax.models.families import gemma, gpt2, llama
-from spectr_jax.models.layout import LayerStacker
+from spectr_jax.models.layout import SCAN_MIN_LAYERS, LayerStacker, is_split, scans
 
 FAMILIES = {
   "palm": {},
@@ -97,24 +97,57 @@ def test_a_decode_holds_its_weights_in_the_compute_dtype():
   config = _config(dtype="bfloat16")
   params = init_params(config, jax.random.key(0))
   assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
-  cast = ModelBundle(config, params).for_decoding()
+  cast = ModelBundle(config, params).for_decoding(scan_layers=True)
   assert {x.dtype for x in jax.tree.leaves(cast.params)} == {jnp.dtype(jnp.bfloat16)}
   np.testing.assert_array_equal(
     cast.params["layers"]["w_o"], params["layers"]["w_o"].astype(jnp.bfloat16)
   )
   # Idempotent, and a no-op (the same arrays) where nothing is to change.
-  again = cast.for_decoding()
+  again = cast.for_decoding(scan_layers=True)
   assert all(
     a is b for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(cast.params), strict=True)
   )
   f32 = dataclasses.replace(config, dtype="float32")
-  same = for_decoding(params, f32)
+  same = for_decoding(params, f32, scan_layers=True)
   assert all(a is b for a, b in zip(jax.tree.leaves(same), jax.tree.leaves(params), strict=True))
   # Per-layer parameters are stacked on the way; shapes map like arrays.
-  stacked = for_decoding(unstack_layers(params, config), config)
+  stacked = for_decoding(unstack_layers(params, config), config, scan_layers=True)
   assert jax.tree.structure(stacked) == jax.tree.structure(params)
   shapes = for_decoding(jax.eval_shape(lambda: params), config)
   assert {x.dtype for x in jax.tree.leaves(shapes)} == {jnp.dtype(jnp.bfloat16)}
+
+
+def test_an_unrolled_decode_holds_its_layers_split():
+  """Below `SCAN_MIN_LAYERS` a decode unrolls the stack and holds each layer apart (no
+  layer slices a stacked weight); stacked, split and per-layer layouts convert both ways."""
+  config = _config()
+  assert config.num_layers < SCAN_MIN_LAYERS and not scans(config)
+  params = init_params(config, jax.random.key(0))
+  split = ModelBundle(config, params).for_decoding()
+  assert is_split(split.params) and "layers" not in split.params
+  assert sorted(k for k in split.params if k.startswith("layers_")) == [
+    "layers_0",
+    "layers_1",
+    "layers_2",
+  ]
+  np.testing.assert_array_equal(split.params["layers_1"]["w_o"], params["layers"]["w_o"][1])
+  assert not split.decoder.module.scan_layers
+  restacked = split.for_decoding(scan_layers=True).params
+  for a, b in zip(jax.tree.leaves(restacked), jax.tree.leaves(params), strict=True):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(
+    jax.tree.leaves(unstack_layers(split.params, config)),
+    jax.tree.leaves(unstack_layers(params, config)),
+    strict=True,
+  ):
+    np.testing.assert_array_equal(a, b)
+  tokens = jnp.asarray([[1, 5, 9, 2, 7]], jnp.int32)
+  np.testing.assert_allclose(
+    split.decoder.logits(split.params, tokens),
+    ModelBundle(config, params).decoder.logits(params, tokens),
+    rtol=1e-5,
+    atol=1e-5,
+  )
 
 
 def test_bf16_decoding_logits_follow_the_float32_ones():

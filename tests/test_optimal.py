@@ -367,7 +367,8 @@ def test_select_draft_builds_the_plan_only_for_two_or_more():
       plan = optimal.optimal_plan(p_V, q_V, k, max_k=4)
       expected = optimal.select(u_Bx2[n, 0], u_Bx2[n, 1], drafts_BxK[n], valid_BxK[n], plan)
       assert int(index_B[n]) == int(expected)
-      np.testing.assert_array_equal(r_BxV[n], plan.r_V)
+      # The vmapped and the unbatched plan compile apart: equal to float rounding.
+      np.testing.assert_allclose(r_BxV[n], plan.r_V, rtol=1e-5, atol=1e-9)
     elif k == 1:
       assert int(index_B[n]) == mask.index(1)
       np.testing.assert_array_equal(r_BxV[n], p_V)

@@ -24,7 +24,7 @@ from tests.training import small_config
 PARAM_ATOL = 1e-5
 LOSS_ATOL = 1e-5
 
-_WEIGHTS = ("w_q", "w_k", "w_v", "w_o", "w_gate", "w_up", "w_down", "embedding")
+_WEIGHTS = ("w_qkv", "w_o", "w_gate_up", "w_down", "embedding")
 
 
 def _config(cache_dir, data, model, **changes):

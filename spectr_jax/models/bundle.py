@@ -28,13 +28,15 @@ class ModelBundle:
 
   @property
   def decoder(self) -> Decoder:
-    """The decoder of this config (`models.decoder`)."""
-    return decoder(self.config)
+    """The decoder of this config that runs these parameters (scanned where the layers
+    are stacked, unrolled where they are split: `models.layout`)."""
+    return decoder(self.config, not layout.is_split(self.params))
 
-  def for_decoding(self) -> "ModelBundle":
-    """The bundle as a decode holds it: the decoder's layout, every float in the compute
-    dtype (`layout.for_decoding`; a no-op where it already is)."""
-    return self.replace(params=layout.for_decoding(self.params, self.config))
+  def for_decoding(self, scan_layers: bool | None = None) -> "ModelBundle":
+    """The bundle as a decode holds it: every float in the compute dtype, the layers
+    stacked for a scanned stack or split for an unrolled one (`layout.for_decoding`,
+    `scan_layers` as there; a no-op where it already is)."""
+    return self.replace(params=layout.for_decoding(self.params, self.config, scan_layers))
 
   @property
   def model(self) -> Transformer:
@@ -44,7 +46,8 @@ class ModelBundle:
 
 
 def init_params(config: ModelConfig, key: jax.Array) -> Any:
-  """Returns freshly initialised parameters of the config's decoder.
+  """Returns freshly initialised parameters of the config's decoder, layers stacked (the
+  layout of training and checkpoints).
 
   Args:
     config: the model config.
@@ -53,14 +56,15 @@ def init_params(config: ModelConfig, key: jax.Array) -> Any:
   Returns:
     The parameter pytree (the "params" collection), float32.
   """
-  return decoder(config).init_params(key)
+  return decoder(config, scan_layers=True).init_params(key)
 
 
 def param_axes(config: ModelConfig) -> Any:
   """The logical axes of every parameter of the config's decoder, as attached where each
   is created: a pytree like the parameters with tuples of axis names as leaves (for
-  `spectr_jax.sharding`'s param_specs, shard_params, describe)."""
-  return decoder(config).param_axes()
+  `spectr_jax.sharding`'s param_specs, shard_params, describe); layers stacked, as
+  `init_params` makes them."""
+  return decoder(config, scan_layers=True).param_axes()
 
 
 def count_params(params: Any) -> int:
@@ -69,8 +73,10 @@ def count_params(params: Any) -> int:
 
 
 @functools.cache
-def _param_shapes(config: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+def _param_shapes(config: ModelConfig, split: bool) -> dict[tuple[str, ...], tuple[int, ...]]:
   shapes = jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))
+  if split:
+    shapes = layout.split_layers(shapes, config)
   return {
     tuple(str(getattr(k, "key", k)) for k in path): tuple(leaf.shape)
     for path, leaf in jax.tree_util.tree_leaves_with_path(shapes)
@@ -81,7 +87,7 @@ def check_params(bundle: ModelBundle, name: str = "model") -> None:
   """Raises ValueError when `bundle.params` is not a parameter tree of `bundle.config`
   (a missing, extra or misshapen parameter, named by its path): parameters of another
   config would otherwise fail deep inside a compiled program, or not at all."""
-  want = _param_shapes(bundle.config)
+  want = _param_shapes(bundle.config, layout.is_split(bundle.params))
   got = {
     tuple(str(getattr(k, "key", k)) for k in path): tuple(np.shape(leaf))
     for path, leaf in jax.tree_util.tree_leaves_with_path(bundle.params)

@@ -15,6 +15,12 @@ arrays or on shapes (`jax.ShapeDtypeStruct`).
 Decoding holds the weights in the compute dtype (`for_decoding`): the matmuls then read
 them as they are, with no convert per use, and a bfloat16 model holds half the bytes.
 Training keeps float32 master weights and casts per use.
+
+A decode whose stack runs unrolled holds the layers split ("layers_<i>", each one layer
+of the stack without the leading axis: `split_layers`): an unrolled layer that sliced the
+stacked arrays would copy its weights on every call (XLA's CPU and GPU backends
+materialise a slice that feeds a matmul), and the program would hold a second copy of the
+model. A scanned stack reads one layer per iteration (`scans` says which a model runs).
 """
 
 import re
@@ -28,6 +34,22 @@ import numpy as np
 from spectr_jax.models.config import ModelConfig
 
 _LAYER = re.compile(r"block_(\d+)$")
+_SPLIT = re.compile(r"layers_(\d+)$")
+
+# Stacks of at least this many layers run under `lax.scan` by default (one compiled layer);
+# shallower ones unrolled (docs/PERFORMANCE.md, "Programs").
+SCAN_MIN_LAYERS = 8
+
+
+def scans(config: ModelConfig, scan_layers: bool | None = None) -> bool:
+  """Whether a model of `config` runs its stack under `lax.scan`: `scan_layers`, or when
+  None, whether it has at least `SCAN_MIN_LAYERS` layers."""
+  return config.num_layers >= SCAN_MIN_LAYERS if scan_layers is None else bool(scan_layers)
+
+
+def is_split(params: Mapping[str, Any]) -> bool:
+  """Whether `params` holds its layers split ("layers_0", ...: `split_layers`)."""
+  return any(_SPLIT.match(str(key)) for key in params)
 
 
 def is_per_layer(params: Mapping[str, Any]) -> bool:
@@ -217,23 +239,50 @@ class LayerStacker:
 
 
 def unstack_layers(params: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
-  """The decoder's layout -> the per-layer layout (the inverse of `stack_layers`)."""
-  out = {key: value for key, value in params.items() if key != "layers"}
+  """The decoder's layout, stacked or split -> the per-layer layout (the inverse of
+  `stack_layers`)."""
+  if not is_split(params):
+    params = split_layers(params, config)
+  out = {key: value for key, value in params.items() if not _SPLIT.match(str(key))}
   for i in range(config.num_layers):
-    block = _map_leaves(lambda x, i=i: _take(x, i, 0), params["layers"])
-    out[f"block_{i}"] = _split_block(block, config)
+    out[f"block_{i}"] = _split_block(params[f"layers_{i}"], config)
   return out
 
 
-def for_decoding(params: Any, config: ModelConfig) -> Any:
-  """The parameters as a decode holds them: in the decoder's layout, every float in the
-  compute dtype (cast once here, so no round converts a weight).
+def split_layers(params: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
+  """The stacked layers -> one entry per layer ("layers_<i>": layer i of every stacked
+  parameter), for an unrolled stack; works on arrays, shapes and logical-axes tuples
+  (whose leading "layers" name goes)."""
+  out = {key: value for key, value in params.items() if key != "layers"}
+  for i in range(config.num_layers):
+    out[f"layers_{i}"] = _map_leaves(
+      lambda x, i=i: x[1:] if isinstance(x, tuple) else _take(x, i, 0), params["layers"]
+    )
+  return out
+
+
+def join_layers(params: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
+  """The inverse of `split_layers` (arrays or shapes)."""
+  split = [params[f"layers_{i}"] for i in range(config.num_layers)]
+  out = {key: value for key, value in params.items() if not _SPLIT.match(str(key))}
+  out["layers"] = _map_leaves(lambda *xs: _stack(list(xs), axis=0), *split)
+  return out
+
+
+def for_decoding(params: Any, config: ModelConfig, scan_layers: bool | None = None) -> Any:
+  """The parameters as a decode holds them: every float in the compute dtype (cast once
+  here, so no round converts a weight), the layers stacked for a scanned stack and split
+  for an unrolled one (`scans(config, scan_layers)`).
 
   Arrays stay where they are (a sharded array keeps its sharding); host arrays stay on
   the host.
   """
   if is_per_layer(params):
     params = stack_layers(params, config)
+  if scans(config, scan_layers) and is_split(params):
+    params = join_layers(params, config)
+  elif not scans(config, scan_layers) and "layers" in params:
+    params = split_layers(params, config)
   dtype = config.compute_dtype
 
   def cast(x):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax.core import meta
 
 from spectr_jax.models import cache as cache_lib
-from spectr_jax.models import layers
+from spectr_jax.models import layers, layout
 from spectr_jax.models.cache import KVCache
 from spectr_jax.models.config import ModelConfig
 from spectr_jax.models.families import family_of
@@ -99,19 +99,15 @@ class Decoder(Protocol):
     """The causal forward of whole sequences: logits_BxTxV, float32."""
 
 
-# Stacks of at least this many layers run under `lax.scan` by default (one compiled layer);
-# shallower ones unrolled (docs/PERFORMANCE.md, "Programs").
-SCAN_MIN_LAYERS = 8
-
-
 @dataclasses.dataclass(frozen=True)
 class TransformerDecoder:
   """The `Decoder` of every family built on the shared `Transformer`.
 
   Attributes:
     config: the model hyper-parameters.
-    scan_layers: run the layer stack under `lax.scan` rather than unrolled (the same
-      parameters either way).
+    scan_layers: the layout of `init_params` and `param_axes`: layers stacked (run under
+      `lax.scan`) or split per layer (run unrolled: `layout.split_layers`). The methods
+      run whichever layout they are given.
   """
 
   config: ModelConfig
@@ -119,18 +115,29 @@ class TransformerDecoder:
 
   @property
   def module(self) -> Transformer:
-    """The flax module (its `apply({"params": params}, tokens_BxT)` is `logits`)."""
+    """The flax module of this decoder's layout (its `apply({"params": params},
+    tokens_BxT)` is `logits`)."""
     return Transformer(self.config, self.scan_layers)
+
+  def _apply(self, params: Any, *args, method=None):
+    """The module that runs `params` (scanned where the layers are stacked, unrolled where
+    they are split: the layout decides, whatever this decoder's), applied."""
+    module = Transformer(self.config, not layout.is_split(params))
+    return module.apply({"params": params}, *args, method=method)
 
   @property
   def num_logits(self) -> int:
     return self.config.num_logits
 
   def init_params(self, key: jax.Array) -> Any:
-    return _init(self.config, key)
+    return self._laid_out(_init(self.config, key))
 
   def param_axes(self) -> Any:
-    return _param_axes(self.config)
+    return self._laid_out(_param_axes(self.config))
+
+  def _laid_out(self, stacked: Any) -> Any:
+    """A stacked parameter tree in this decoder's layout."""
+    return stacked if self.scan_layers else layout.split_layers(stacked, self.config)
 
   def init_cache(
     self, batch_size: int, num_tails: int, tail_capacity: int, cache_len: int | None = None
@@ -143,9 +150,7 @@ class TransformerDecoder:
   def prefill(
     self, params: Any, tokens_BxP: jax.Array, lengths_B: jax.Array, cache: KVCache
   ) -> tuple[jax.Array, KVCache]:
-    return self.module.apply(
-      {"params": params}, tokens_BxP, lengths_B, cache, method=Transformer.prefill
-    )
+    return self._apply(params, tokens_BxP, lengths_B, cache, method=Transformer.prefill)
 
   def extend(
     self,
@@ -155,8 +160,8 @@ class TransformerDecoder:
     num_new_B: jax.Array | None = None,
     logits_at_B: jax.Array | None = None,
   ) -> tuple[jax.Array, KVCache]:
-    return self.module.apply(
-      {"params": params}, tokens_BxKxT, cache, num_new_B, logits_at_B, method=Transformer.extend
+    return self._apply(
+      params, tokens_BxKxT, cache, num_new_B, logits_at_B, method=Transformer.extend
     )
 
   def commit(self, cache: KVCache, tail_B: jax.Array, num_B: jax.Array) -> KVCache:
@@ -173,8 +178,8 @@ class TransformerDecoder:
     visible_BxNxN: jax.Array,
     cache: KVCache,
   ) -> tuple[jax.Array, KVCache]:
-    return self.module.apply(
-      {"params": params},
+    return self._apply(
+      params,
       tokens_BxN,
       depth_BxN,
       visible_BxNxN,
@@ -186,7 +191,7 @@ class TransformerDecoder:
     return cache_lib.commit_nodes(cache, slots_BxW, num_B)
 
   def logits(self, params: Any, tokens_BxT: jax.Array) -> jax.Array:
-    return self.module.apply({"params": params}, tokens_BxT)
+    return self._apply(params, tokens_BxT)
 
 
 def decoder(config: ModelConfig, scan_layers: bool | None = None) -> Decoder:
@@ -194,16 +199,15 @@ def decoder(config: ModelConfig, scan_layers: bool | None = None) -> Decoder:
 
   Args:
     config: the model config.
-    scan_layers: run the layer stack under `lax.scan` (True) or unrolled (False); None
-      scans stacks of at least `SCAN_MIN_LAYERS` layers.
+    scan_layers: run the layer stack under `lax.scan` (True, parameters stacked) or
+      unrolled (False, parameters split per layer); None scans stacks of at least
+      `layout.SCAN_MIN_LAYERS` layers.
 
   Raises:
     ValueError: an unknown family, or options the family does not take.
   """
   family_of(config)
-  if scan_layers is None:
-    scan_layers = config.num_layers >= SCAN_MIN_LAYERS
-  return TransformerDecoder(config, bool(scan_layers))
+  return TransformerDecoder(config, layout.scans(config, scan_layers))
 
 
 def _boxed_init(config: ModelConfig, key: jax.Array) -> Any:

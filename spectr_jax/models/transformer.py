@@ -5,11 +5,13 @@ embedding, an optional additive position embedding, its block (models/layers.py 
 the shared attention and MLP), its final norm and its logits transform; the output layer
 (the tied embedding or `out_embedding`, restricted to output_vocab_size) is common.
 
-The layers are one stack: every block parameter carries a leading "layers" axis of Y
-(params["layers"]), and the stack runs under `lax.scan` (`scan_layers=True`: one compiled
-layer, whatever the depth) or unrolled (the same parameters sliced per layer). Each layer
-reads its slice of the cache; its new keys and values leave the stack stacked, and the
-call writes them to the cache once (`attention.write_tail`), not once per layer.
+The layers are one stack. Scanned (`scan_layers=True`: one compiled layer, whatever the
+depth), every block parameter carries a leading "layers" axis of Y (params["layers"]) and
+the stack runs under `lax.scan`; unrolled, each layer's parameters are their own entry
+("layers_<i>", `layout.split_layers`), so no layer slices a stacked weight (a copy per call
+on CPU and GPU). Training and checkpoints hold the stacked layout. Each layer reads its
+slice of the cache; its new keys and values leave the stack stacked, and the call writes
+them to the cache once (`attention.write_tail`), not once per layer.
 
 Letters beyond the package legend: Hk key/value heads, G = H // Hk query heads per
 key/value head, Dh head width, F MLP width, R tail capacity, X any leading shape; in
@@ -58,8 +60,8 @@ class Transformer(nn.Module):
 
   Attributes:
     config: the model hyper-parameters.
-    scan_layers: run the stack under `lax.scan` (one compiled layer) rather than unrolled
-      (`protocol.decoder` chooses by default).
+    scan_layers: run the stack under `lax.scan` (one compiled layer, parameters stacked)
+      rather than unrolled (parameters split per layer: `layout.split_layers`).
   """
 
   config: ModelConfig
@@ -75,16 +77,18 @@ class Transformer(nn.Module):
       self.out_embedding = self.param(
         "out_embedding", init, (cfg.vocab_size, cfg.d_model), jnp.float32
       )
-    stack = nn.scan(
-      _Layer,
-      variable_axes={"params": 0},
-      split_rngs={"params": True},
-      in_axes=(0, nn.broadcast),
-      length=cfg.num_layers,
-      unroll=1 if self.scan_layers else cfg.num_layers,
-      metadata_params={nn.PARTITION_NAME: "layers"},
-    )
-    self.layers = stack(cfg)
+    if self.scan_layers:
+      stack = nn.scan(
+        _Layer,
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        in_axes=(0, nn.broadcast),
+        length=cfg.num_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+      )
+      self.layers = stack(cfg)
+    else:  # a list attribute: its modules are named layers_0, layers_1, ...
+      self.layers = [_Layer(cfg) for _ in range(cfg.num_layers)]
     self.final_norm = family.norm(cfg)
 
   def _embed(self, tokens_XxT: jax.Array, pos_XxT: jax.Array) -> jax.Array:
@@ -106,8 +110,15 @@ class Transformer(nn.Module):
   def _stack(self, x_XxD: jax.Array, mode, view=None):
     """The Y layers on x in `mode`; `view` holds each layer's slice of the cache (leading
     axis Y). Returns x and every layer's new (k, v), stacked along a leading Y."""
-    layer_Y = jnp.arange(self.config.num_layers)
-    return self.layers(x_XxD, (layer_Y, view), mode)
+    if self.scan_layers:
+      return self.layers(x_XxD, (jnp.arange(self.config.num_layers), view), mode)
+    new_kv = []
+    for i, layer in enumerate(self.layers):
+      x_XxD, kv = layer(x_XxD, (i, jax.tree.map(lambda a, i=i: a[i], view)), mode)
+      new_kv.append(kv)
+    if new_kv[0] is None:  # the training forward keeps no keys and values
+      return x_XxD, new_kv[0]
+    return x_XxD, jax.tree.map(lambda *xs: jnp.stack(xs), *new_kv)
 
   def _causal(self, tokens_BxT: jax.Array, keep_kv: bool):
     """The causal forward at positions 0..T-1: logits and (with keep_kv) every layer's
