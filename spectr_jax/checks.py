@@ -136,6 +136,15 @@ def prng_key(name: str, key) -> None:
   )
 
 
+def typed_key(key) -> jax.Array:
+  """`key` as a typed key array: a raw uint32[2] key (`jax.random.PRNGKey`) is wrapped
+  (`jax.random.wrap_key_data`: the same random bits as `jax.random.key` of its seed), so
+  code that splits, folds or vmaps keys sees one kind."""
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    return key
+  return jax.random.wrap_key_data(key)
+
+
 def token_ids(name: str, ids, vocab_size: int) -> None:
   """Checks that `ids` has an integer dtype and (when concrete) entries in [0, vocab_size)."""
   integer_dtype(name, ids)

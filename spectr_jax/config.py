@@ -483,8 +483,8 @@ class DecodeSettings(Schema):
       branching=...)`, "rrs"): "" for its default, or "proportional" (shaped by the
       draft's probabilities, any K and L). Cells of other schemes ignore it.
     layer_stack: how the models' layers run (`engine.generate(scan_layers=...)`): "scan"
-      (one compiled layer under `lax.scan`), "unroll", or "auto" (scan for deep models
-      and token trees). The output law is the same; only compile and step times move.
+      (one compiled layer under `lax.scan`), "unroll", or "auto" (scan models of 8 layers
+      or more). The output law is the same; only compile and step times move.
 
   A field added after results were first stored carries `KEY_WHEN_SET` in its metadata:
   a cell's record (and so its key) holds it only where it differs from its default, so

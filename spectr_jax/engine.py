@@ -111,7 +111,9 @@ def compiler_options(mesh: jax.sharding.Mesh | None = None) -> dict[str, bool | 
     predicate to the host.
   Not yet measured on a GPU (docs/PERFORMANCE.md, "On an accelerator"); `XLA_FLAGS`
   set by the user apply on top (e.g. `--xla_gpu_autotune_level=0` to skip autotuning
-  the matmuls: faster compiles, possibly slower steps).
+  the matmuls: faster compiles, possibly slower steps). Left off until measured:
+  `--xla_gpu_enable_dynamic_slice_fusion` (a scanned stack's matmuls reading their
+  layer of the stacked weights in place; without it each iteration copies its layer).
   """
   platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
   if platform == "cpu":
@@ -243,7 +245,8 @@ def generate(
   """Decodes a batch of prompts with speculative decoding (or autoregressively).
 
   Args:
-    key: PRNG key; row b uses fold_in(key, prompt_ids[b]), so its output does not depend
+    key: PRNG key (`jax.random.key`; a raw `jax.random.PRNGKey` is taken as the same
+      bits); row b uses fold_in(key, prompt_ids[b]), so its output does not depend
       on the batch it is in, its padding or the sharding.
     draft: the draft model bundle (None for "autoregressive").
     target: the target model bundle. Both are decoded as `ModelBundle.for_decoding`
@@ -320,6 +323,7 @@ def _prepare(
     draft = draft.for_decoding(scan_layers)
   _check_inputs(key, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
                 max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids)  # fmt: skip
+  key = checks.typed_key(key)
   if mesh is not None and DATA_AXIS not in mesh.axis_names:
     raise ValueError(
       f"the mesh needs a {DATA_AXIS!r} axis (sharding.make_mesh), got axes {mesh.axis_names}"

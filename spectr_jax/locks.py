@@ -107,6 +107,22 @@ def exclusive(
     _WAIT.reset(token)
 
 
+def _unusable(path: pathlib.Path, what: str, error: OSError) -> OSError:
+  """An OSError (same errno, so the same subclass) that says in words why `path` cannot
+  hold `what`, and what to do."""
+  if error.errno in (errno.EEXIST, errno.ENOTDIR):
+    why = "is a file, not a folder (or lies under one)"
+    todo = "move the file away, or set another folder"
+  elif error.errno == errno.ENOSPC:
+    why, todo = "is on a full disk", "free some space, or set a folder on another disk"
+  elif error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+    why = f"cannot be written ({error.strerror})"
+    todo = "make it writable, or set a folder that is"
+  else:
+    why, todo = f"cannot be used ({error.strerror})", "set another folder"
+  return OSError(error.errno, f"{path} {why}: the {what} needs a folder it can write; {todo}")
+
+
 @contextlib.contextmanager
 def _exclusive(folder: str | os.PathLike, what: str, wait: bool, holder: bool) -> Iterator[None]:
   """`exclusive` with `wait` decided."""
@@ -121,15 +137,21 @@ def _exclusive(folder: str | os.PathLike, what: str, wait: bool, holder: bool) -
   if path in _HELD:
     yield
     return
-  path.mkdir(parents=True, exist_ok=True)
   lock_path = path / LOCK_FILE
-  fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+  except OSError as error:
+    raise _unusable(path, what, error) from error
   try:
     if not _acquire(fd, lock_path, what, wait):
       logging.warning("%s cannot be locked here: keep to one writer per folder", path)
     else:
-      os.ftruncate(fd, 0)
-      os.pwrite(fd, _record(), 0)
+      try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, _record(), 0)
+      except OSError as error:
+        raise _unusable(path, what, error) from error
     _HELD.add(path)
     try:
       yield

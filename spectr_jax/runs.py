@@ -307,6 +307,11 @@ def _verify(manager: ocp.CheckpointManager, step: int, items: list[str]) -> None
     return
   except (ValueError, KeyError, TypeError) as error:
     raise _damaged(manager, step, f"{CHECKSUMS_FILE} is not readable: {error}") from None
+  if not isinstance(digests, dict) or not all(
+    isinstance(name, str) and isinstance(digest, str) for name, digest in digests.items()
+  ):
+    what = f'its "files" is a {type(digests).__name__}, not a map of file names to SHA-256'
+    raise _damaged(manager, step, f"{CHECKSUMS_FILE} is not readable: {what}")
   for name, digest in digests.items():
     if name.split("/")[0] not in items:
       continue

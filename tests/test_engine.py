@@ -512,3 +512,15 @@ def test_bad_input(models, change, message):
   kw.update(change)
   with pytest.raises(ValueError, match=message):
     engine.generate(key, **kw)
+
+
+def test_a_raw_prng_key_decodes_as_its_typed_key(models):
+  """A legacy `jax.random.PRNGKey(0)` (raw uint32[2]) drafts K = 2 paths and emits what
+  `jax.random.key(0)` does (it failed deep in drafting on a dimension mismatch)."""
+  draft, target = models
+  prompts = jnp.asarray([engine_pair.PROMPT] * 3, jnp.int32)
+  kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=jnp.full((3,), 3))
+  kw.update(method="kseq", num_drafts=2, draft_len=2, max_new_tokens=5)
+  raw = engine.generate(jax.random.PRNGKey(0), **kw)
+  typed = engine.generate(jax.random.key(0), **kw)
+  np.testing.assert_array_equal(raw.tokens_BxT, typed.tokens_BxT)

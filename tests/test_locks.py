@@ -2,6 +2,7 @@
 at once naming the holder (or waits); two sweeps started together run each cell once."""
 
 import dataclasses
+import errno
 import json
 import os
 import platform
@@ -125,6 +126,36 @@ def test_unlockable_folder_warns(caplog):
   with locks.exclusive("gs://bucket/sweep"):
     pass
   assert "one writer per folder" in caplog.text
+
+
+def test_a_folder_that_cannot_be_used_is_named_with_what_to_do(tmp_path, monkeypatch):
+  """A results folder that is a file, on a read-only or a full filesystem: an OSError of
+  the same errno whose message names the folder and what to do (bare Errno 17 / 30 / 28
+  before)."""
+  afile = tmp_path / "results"
+  afile.write_text("not a folder")
+  with pytest.raises(FileExistsError, match=r"results is a file, not a folder.*move the file"):
+    with locks.exclusive(afile, "sweep"):
+      pass
+  real_open, real_pwrite = os.open, os.pwrite
+
+  def read_only(path, *args):
+    if str(path).endswith(locks.LOCK_FILE):
+      raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    return real_open(path, *args)
+
+  def full(fd, data, offset):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  for name, fake, pattern in (
+    ("open", read_only, r"cannot be written \(Read-only file system\).*make it writable"),
+    ("pwrite", full, r"is on a full disk.*free some space"),
+  ):
+    monkeypatch.setattr(os, name, fake)
+    with pytest.raises(OSError, match=rf"{tmp_path / name} {pattern}"):
+      with locks.exclusive(tmp_path / name, "sweep"):
+        pass
+    monkeypatch.setattr(os, name, real_open if name == "open" else real_pwrite)
 
 
 _SWEEP = """

@@ -46,6 +46,11 @@ def test_tokenizer_reads_special_ids_and_round_trips(tmp_path):
 def test_tokenizer_errors_name_the_directory(tmp_path):
   with pytest.raises(DataError, match="no tokenizer.json"):
     HFTokenizer.load(tmp_path)
+  missing = tmp_path / "no-such-checkpoint"
+  with pytest.raises(DataError, match=r"no-such-checkpoint is not a directory: .* local"):
+    HFTokenizer.load(missing)
+  with pytest.raises(FileNotFoundError, match=r"no-such-checkpoint is not a directory"):
+    load_pretrained(missing)
   hf_checkpoints.write_checkpoint(tmp_path, "gpt2")
   config = json.loads((tmp_path / "config.json").read_text())
   for name in ("config.json", "generation_config.json"):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import errno
+import json
 import os
 import shutil
 import signal
@@ -218,6 +219,23 @@ def test_checkpoint_without_checksums_loads_with_a_warning(target_run, tmp_path,
   assert "step 20" in caplog.text and f"no {runs.CHECKSUMS_FILE}" in caplog.text
   assert "unverified" in caplog.text
   _assert_params_equal(train.train_or_load(config, run).params, reference.params)
+
+
+def test_checksums_of_the_wrong_shape_are_damage_and_training_falls_back(
+  target_run, tmp_path, caplog
+):
+  """A checksums.json whose "files" is a list (not a map) names the step as damaged (it
+  raised AttributeError), and training resumes from the previous step."""
+  config, workdir, reference = target_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  checksums = run / "checkpoints" / "20" / runs.CHECKSUMS_FILE
+  record = json.loads(checksums.read_text())
+  checksums.write_text(json.dumps(dict(record, files=list(record["files"]))))
+  with pytest.raises(runs.DamagedCheckpointError, match=r'step 20 .* "files" is a list'):
+    runs.load_bundle(run)
+  _assert_params_equal(train.train_or_load(config, run).params, reference.params)
+  assert "checkpoint step 20" in caplog.text and runs.latest_step(run) == 20
 
 
 def test_no_complete_checkpoint_fails_clearly(target_run, tmp_path):

@@ -82,6 +82,12 @@ class HFTokenizer:
     """Reads `tokenizer.json` and the special ids of a checkpoint directory."""
     directory = pathlib.Path(directory).expanduser()
     path = directory / "tokenizer.json"
+    if not directory.is_dir():
+      raise DataError(
+        f"{directory} is not a directory: a pretrained model is read from a local Hugging "
+        "Face checkpoint directory (config.json, model.safetensors, tokenizer.json); "
+        "nothing is downloaded at run time"
+      )
     if not path.is_file():
       raise DataError(f"no tokenizer.json in {directory} (a Hugging Face checkpoint holds one)")
     try:

@@ -389,6 +389,12 @@ def load_pretrained(
       tensor holding NaN or infinity (also after the cast to dtype).
   """
   path = pathlib.Path(directory).expanduser()
+  if not path.is_dir():
+    raise FileNotFoundError(
+      f"{path} is not a directory: a pretrained model is read from a local Hugging Face "
+      "checkpoint directory (config.json, model.safetensors); nothing is downloaded at run "
+      "time"
+    )
   config_json = _read_json(path / "config.json")
   config = config_from_hf(config_json, dtype, max_len)
   model_type = config_json["model_type"]
