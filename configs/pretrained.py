@@ -14,11 +14,13 @@ one accelerator of the memory named in each entry (docs/EXPERIMENTS.md has the m
 arithmetic); `pair=pretrained` takes any two directories with the generic sizes.
 """
 
+import copy
 from typing import Any
 
 import ml_collections
 
 from spectr_jax.config import PairConfig
+from spectr_jax.testing import hf_checkpoints
 
 # name: (draft, target, what the sizes below are meant for, batch size, cache capacity S).
 PAIRS: dict[str, tuple[str, str, str, int, int]] = {
@@ -60,7 +62,7 @@ _GPT2 = dict(model_type="gpt2", n_positions=1024, n_ctx=1024, vocab_size=50257)
 # The published config.json sizes of the checkpoints above (public facts, enough for
 # `models.config_from_hf`): scripts/memory_plan.py plans a pair's memory from these when
 # its directories hold no config.json yet (nothing is read but config.json either way).
-# The one copy of these numbers: tests/hf_checkpoints.py builds HUB_SHAPES (random
+# The one copy of these numbers: HUB_SHAPES below is built (random
 # checkpoints of the real sizes, checked against the hub's parameter counts) from them.
 PUBLISHED: dict[str, dict[str, Any]] = {
   "SmolLM2-135M": dict(
@@ -191,3 +193,60 @@ def apply(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
     return
   c.decoding.prompt_len = 16  # Prompt tokens after BOS (subword tokenizers split finer).
   c.batch_size = batch_size  # Prompts per engine call (a 256k vocabulary takes fewer).
+
+
+# The hub's parameter count of each checkpoint in PUBLISHED (keyed, like it, by the
+# checkpoint's directory name).
+_HUB_PARAMETERS = {
+  "SmolLM2-135M": 134_515_008,
+  "SmolLM2-1.7B": 1_711_376_384,
+  "Qwen2.5-0.5B": 494_032_768,
+  "Qwen2.5-7B": 7_615_616_512,
+  "Llama-3.2-1B": 1_235_814_400,
+  "Llama-3.1-8B": 8_030_261_248,
+  "gemma-2-2b": 2_614_341_888,
+  "gemma-2-9b": 9_241_705_984,
+  "gpt2": 124_439_808,
+  "gpt2-xl": 1_557_611_200,
+}
+# Keys of PUBLISHED that are no shape: model_type is the family, torch_dtype is what
+# write_checkpoint is told to store.
+_NOT_SHAPES = ("model_type", "torch_dtype")
+
+
+def _hub_shapes() -> dict[str, tuple[str, dict, int]]:
+  published = PUBLISHED
+  if set(published) != set(_HUB_PARAMETERS):
+    raise ValueError(
+      f"parameter counts for {sorted(_HUB_PARAMETERS)}, PUBLISHED has {sorted(published)}"
+    )
+  shapes = {}
+  for name, hf in published.items():
+    keys = {k: copy.deepcopy(v) for k, v in hf.items() if k not in _NOT_SHAPES}
+    shapes[name] = (hf["model_type"], keys, _HUB_PARAMETERS[name])
+  return shapes
+
+
+# The published shapes of the example pairs (PUBLISHED, by directory
+# name): (family, config keys, parameter count as the hub reports it). Random weights at
+# real sizes for load and speed measurements.
+HUB_SHAPES: dict[str, tuple[str, dict, int]] = _hub_shapes()
+
+
+def hub_config(name: str, **overrides) -> tuple[str, dict]:
+  """(family, config) with the shapes of a published model (a key of HUB_SHAPES).
+
+  Only the sizes, RoPE and caps are the model's; token ids stay the test tokenizer's, so
+  write_checkpoint(directory, *hub_config(name), return_weights=False) writes a random
+  checkpoint of the real size.
+
+  Args:
+    name: e.g. "Llama-3.2-1B" or "gemma-2-2b".
+    **overrides: config keys to set after the model's (e.g. num_hidden_layers=2).
+  Returns:
+    (family, config dict).
+  """
+  if name not in HUB_SHAPES:
+    raise ValueError(f"unknown model {name!r}; expected one of {tuple(HUB_SHAPES)}")
+  family, keys, _ = HUB_SHAPES[name]
+  return family, hf_checkpoints.tiny_config(family, **{**keys, **overrides})

@@ -45,7 +45,7 @@ Nothing is fitted to a configuration's round: a row's prediction is the sum of t
 table's parts for its (method, K, L) (`CostTable.round_ms`).
 
 With --draft_dir and --target_dir (Hugging Face checkpoints or training runs, e.g. a
-random checkpoint pair written by tests/hf_checkpoints.py) it times that pair on random
+random checkpoint pair written by spectr_jax/testing/hf_checkpoints.py) it times that pair on random
 prompts instead (all embedding rows are sampled: random weights, acceptance means nothing).
 
 Usage: python scripts/bench_decode.py [--batch 4] [--max_new_tokens 64] [--repeats 5]

@@ -1,7 +1,7 @@
 """Load time and peak host memory of `load_pretrained` on a random ~1B-parameter checkpoint.
 
 Writes a random checkpoint with a published model's shapes (default Llama-3.2-1B, bf16,
-4 shards) with tests/hf_checkpoints.py, then loads it in a fresh subprocess per row (so
+4 shards) with spectr_jax/testing/hf_checkpoints.py, then loads it in a fresh subprocess per row (so
 the writer's memory does not count) and prints, per requested dtype: the weights' bytes
 on disk, the parameter bytes once loaded, the load time (until every array is ready), the
 subprocess's resident memory after `import jax` and its peak (ru_maxrss) after the load.
@@ -22,10 +22,11 @@ import tempfile
 import time
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(_REPO))  # tests/hf_checkpoints.py writes the checkpoint
+sys.path.insert(0, str(_REPO))  # configs/pretrained.py: the published sizes
 
+from configs import pretrained  # noqa: E402
+from spectr_jax.testing import hf_checkpoints  # noqa: E402
 from spectr_jax.timing import markdown_table  # noqa: E402
-from tests import hf_checkpoints  # noqa: E402
 
 _CHILD = """
 import json, resource, sys, time
@@ -78,7 +79,7 @@ def format_table(rows: list[dict]) -> str:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--model", default="Llama-3.2-1B", choices=sorted(hf_checkpoints.HUB_SHAPES))
+  parser.add_argument("--model", default="Llama-3.2-1B", choices=sorted(pretrained.HUB_SHAPES))
   parser.add_argument("--shards", type=int, default=4)
   parser.add_argument("--dtypes", default="bfloat16,float32")
   parser.add_argument("--directory", default=None)
@@ -87,7 +88,7 @@ def main():
     directory = pathlib.Path(args.directory or scratch)
     if not (directory / "config.json").is_file():
       start = time.perf_counter()
-      family, config = hf_checkpoints.hub_config(args.model)
+      family, config = pretrained.hub_config(args.model)
       hf_checkpoints.write_checkpoint(
         directory,
         family,

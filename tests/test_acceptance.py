@@ -11,7 +11,7 @@ import pytest
 from hypothesis import strategies as st
 
 from spectr_jax import acceptance
-from tests import reference
+from spectr_jax.testing import reference
 
 
 def _random_pairs(seed, num, sizes=(2, 3, 4, 5), concentrations=(0.3, 1.0, 3.0)):

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from spectr_jax import acceptance, block, block_bound, methods, optimal, sampling
-from tests import sequences, stats
+from spectr_jax.testing import sequences
+from tests import stats
 
 N = 100_000
 N_GBV = 30_000  # gbv runs optimal_plan per depth (sequential passes under vmap): fewer draws

@@ -20,7 +20,8 @@ import pytest
 
 from spectr_jax import drafting, sampling, sharding
 from spectr_jax.models import decoder, load_pretrained, take_tails
-from tests import hf_checkpoints, test_models
+from spectr_jax.testing import hf_checkpoints
+from tests import test_models
 
 ATOL = test_models.ATOL
 K, L = 4, 4

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from spectr_jax import block, block_bound, verify
-from tests import sequences, stats
+from spectr_jax.testing import sequences
+from tests import stats
 
 N = 100_000
 

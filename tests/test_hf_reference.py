@@ -1,8 +1,9 @@
 """The independent side of the checkpoint-loader tests: fixtures and references checked.
 
-The tiny checkpoints (tests/hf_checkpoints.py) must be in the Hugging Face layout and reach
-the regimes where each family detail matters; the float64 reference (tests/hf_reference.py)
-must be causal and agree with a differently written token-by-token computation.
+The tiny checkpoints (spectr_jax/testing/hf_checkpoints.py) must be in the Hugging Face
+layout and reach the regimes where each family detail matters; the float64 reference
+(tests/hf_reference.py) must be causal and agree with a differently written token-by-
+token computation.
 """
 
 import json
@@ -15,7 +16,8 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 from tokenizers.pre_tokenizers import ByteLevel
 
-from tests import hf_checkpoints as hc
+from configs import pretrained as published
+from spectr_jax.testing import hf_checkpoints as hc
 from tests import hf_reference as hr
 
 T = 12
@@ -243,10 +245,10 @@ def test_llama_tied_buffers_extra_and_drop(tmp_path):
     hc.write_checkpoint(tmp_path / "c", "llama", drop_tensors=("not_a_tensor",))
 
 
-@pytest.mark.parametrize("name", list(hc.HUB_SHAPES))
+@pytest.mark.parametrize("name", list(published.HUB_SHAPES))
 def test_hub_shapes_have_the_published_parameter_counts(name):
-  family, config = hc.hub_config(name)
-  assert hc.parameter_count(family, config) == hc.HUB_SHAPES[name][2]
+  family, config = published.hub_config(name)
+  assert hc.parameter_count(family, config) == published.HUB_SHAPES[name][2]
 
 
 def test_absent_tie_key_follows_transformers_defaults():

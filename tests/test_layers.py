@@ -49,6 +49,7 @@ ORDER = (
   "analysis",
   "evaluate",
   "report",
+  "testing",
 )
 # The core (up to the engine) never imports storage, the runner or reporting; the config
 # boundary sits below the engine (it validates with the method registry); the report
@@ -174,3 +175,14 @@ def test_imports_no_jax(module):
     [sys.executable, "-c", code], cwd=_REPO, capture_output=True, text=True, check=True
   )
   assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("path", list(_files()), ids=lambda p: str(p.relative_to(_REPO)))
+def test_nothing_outside_the_tests_imports_them(path):
+  """The library, scripts, experiments and configs import nothing from tests/ (references
+  a script needs live in `spectr_jax.testing`)."""
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+      assert node.module.split(".")[0] != "tests", f"{path}: from {node.module} import"
+    elif isinstance(node, ast.Import):
+      assert all(a.name.split(".")[0] != "tests" for a in node.names), path

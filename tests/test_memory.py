@@ -21,7 +21,6 @@ from spectr_jax.models import (
   init_cache,
   param_axes,
 )
-from tests import hf_checkpoints
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 # target-test has 4 query and 2 key/value heads: split over model = 2, replicated over 8.
@@ -106,9 +105,9 @@ def test_device_bytes_by_name_number_or_device():
 
 
 def test_published_sizes_match_the_hub_parameter_counts():
-  assert set(hf_checkpoints.HUB_SHAPES) == set(pretrained.PUBLISHED)
+  assert set(pretrained.HUB_SHAPES) == set(pretrained.PUBLISHED)
   for name, hf in pretrained.PUBLISHED.items():
-    assert expected_num_params(config_from_hf(hf)) == hf_checkpoints.HUB_SHAPES[name][2], name
+    assert expected_num_params(config_from_hf(hf)) == pretrained.HUB_SHAPES[name][2], name
   for draft, target, *_ in pretrained.PAIRS.values():
     assert {draft, target} <= set(pretrained.PUBLISHED) or draft == "draft"
 

@@ -1,8 +1,9 @@
 """Tests of `load_pretrained`: tiny HF-layout checkpoints against the float64 reference.
 
-The checkpoints (tests/hf_checkpoints.py) and the reference forward (tests/hf_reference.py)
-import no project code. Every family detail is shown to matter: the reference with that
-detail dropped is farther from the loaded model than the tolerance.
+The checkpoints (spectr_jax/testing/hf_checkpoints.py) and the reference forward
+(tests/hf_reference.py) import no other project code. Every family detail is shown to
+matter: the reference with that detail dropped is farther from the loaded model than the
+tolerance.
 """
 
 import dataclasses
@@ -20,6 +21,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from configs import pretrained as published
 from spectr_jax import sharding
 from spectr_jax.models import (
   CheckpointFormatError,
@@ -33,7 +35,8 @@ from spectr_jax.models import (
   param_axes,
   pretrained,
 )
-from tests import hf_checkpoints, hf_reference
+from spectr_jax.testing import hf_checkpoints
+from tests import hf_reference
 
 RTOL = 1e-4  # relative to the largest reference logit
 T = 12  # sequence length: longer than gemma2's window of 4 and llama3's original 16 / 2
@@ -117,11 +120,11 @@ def test_parameter_tree_matches_the_config(family):
   assert count_params(bundle.params) == expected_num_params(bundle.config) == count
 
 
-@pytest.mark.parametrize("name", sorted(hf_checkpoints.HUB_SHAPES))
+@pytest.mark.parametrize("name", sorted(published.HUB_SHAPES))
 def test_published_configs_map_to_the_published_parameter_counts(name):
-  family, hf = hf_checkpoints.hub_config(name)
+  family, hf = published.hub_config(name)
   config = config_from_hf(hf)
-  assert expected_num_params(config) == hf_checkpoints.HUB_SHAPES[name][2]
+  assert expected_num_params(config) == published.HUB_SHAPES[name][2]
   assert config.max_len == min(hf.get("max_position_embeddings", 1024), 4096)
 
 
@@ -230,7 +233,7 @@ def test_max_len_is_the_cache_capacity():
   assert config_from_hf(qwen2).max_len == 64
   assert config_from_hf(qwen2, max_len=20).max_len == 20
   assert config_from_hf(qwen2, max_len=128).max_len == 128  # RoPE extrapolates
-  assert config_from_hf(hf_checkpoints.hub_config("gpt2")[1]).max_len == 1024
+  assert config_from_hf(published.hub_config("gpt2")[1]).max_len == 1024
   with pytest.raises(CheckpointFormatError, match="max_len 65 exceeds GPT-2's n_positions = 64"):
     config_from_hf(hf_checkpoints.tiny_config("gpt2"), max_len=65)  # n_positions 64
 
@@ -374,9 +377,9 @@ def _test_configs(family: str) -> list[tuple[str, str, dict]]:
     del config["pretraining_tp"]
     return [("mistral", "llama", config)]
   configs = [(family, family, hf_checkpoints.tiny_config(family))]
-  for name, (hub_family, _, _) in sorted(hf_checkpoints.HUB_SHAPES.items()):
+  for name, (hub_family, _, _) in sorted(published.HUB_SHAPES.items()):
     if hub_family == family:
-      configs.append((name, family, hf_checkpoints.hub_config(name)[1]))
+      configs.append((name, family, published.hub_config(name)[1]))
   return configs
 
 

@@ -1,6 +1,6 @@
 """Open-weight pairs end to end: tokenizer, pair loading and restriction, the engine, sweeps.
 
-The checkpoints are the tiny Hugging Face-layout ones of tests/hf_checkpoints.py; the
+The checkpoints are the tiny Hugging Face-layout ones of spectr_jax/testing/hf_checkpoints.py; the
 model-level checks (logits against the float64 reference) are in tests/test_pretrained.py.
 """
 
@@ -18,7 +18,8 @@ from spectr_jax import engine, experiment, pairs, sampling
 from spectr_jax.config import PairConfig
 from spectr_jax.data import DataError, HFTokenizer
 from spectr_jax.models import load_pretrained
-from tests import hf_checkpoints, stats
+from spectr_jax.testing import hf_checkpoints
+from tests import stats
 
 
 def _pair_dirs(tmp_path, family, draft_rows=320, target_rows=336):

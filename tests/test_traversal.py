@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 
 from spectr_jax import acceptance, drafting, sampling, traversal
-from tests import sequences, stats
-from tests import wor_reference as ref
+from spectr_jax.testing import sequences
+from spectr_jax.testing import wor_reference as ref
+from tests import stats
 
 N = 100_000
 

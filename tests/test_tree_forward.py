@@ -20,7 +20,8 @@ import pytest
 
 from spectr_jax import sharding
 from spectr_jax.models import KVCache, ancestor_mask, commit_nodes, decoder, load_pretrained
-from tests import hf_checkpoints, test_models
+from spectr_jax.testing import hf_checkpoints
+from tests import test_models
 
 ATOL = test_models.ATOL  # PaLM test models, as in tests/test_models.py
 RTOL = 1e-4  # Hugging Face families: relative to the largest logit, as tests/test_pretrained.py

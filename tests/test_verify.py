@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from spectr_jax import acceptance, sampling, verify
-from tests import reference, sequences, stats
+from spectr_jax.testing import reference, sequences
+from tests import stats
 
 N = 100_000
 

@@ -23,8 +23,9 @@ import numpy as np
 import pytest
 
 from spectr_jax import acceptance, drafting, verify
-from tests import reference, sequences, stats
-from tests import wor_reference as ref
+from spectr_jax.testing import reference, sequences
+from spectr_jax.testing import wor_reference as ref
+from tests import stats
 
 N = 100_000
 

@@ -6,9 +6,9 @@
 (torch Linear weights (out, in); GPT-2 Conv1D weights (in, out) with the fused c_attn) and
 dtypes. `tiny_config` gives small configs in which every family detail changes the logits
 (soft-caps that clip, a sliding window shorter than a 12-token sequence, llama3 rope
-scaling with all three frequency regimes, ...). Nothing of `spectr_jax` is imported here:
-these files and `tests/hf_reference.py` are the independent side of the loader tests (the
-published sizes of HUB_SHAPES come from the plain table `configs.pretrained.PUBLISHED`).
+scaling with all three frequency regimes, ...). Nothing else of `spectr_jax` is imported
+here: these files and `tests/hf_reference.py` are the independent side of the loader
+tests. Configs of the published sizes: `configs.pretrained.hub_config`.
 """
 
 import copy
@@ -22,8 +22,6 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-from configs import pretrained
 
 FAMILIES = ("llama", "qwen2", "gemma", "gemma2", "gpt2")
 
@@ -202,44 +200,6 @@ def tiny_config(family: str, **overrides) -> dict:
   return config
 
 
-# The hub's parameter count of each checkpoint in configs.pretrained.PUBLISHED (keyed,
-# like it, by the checkpoint's directory name).
-_HUB_PARAMETERS = {
-  "SmolLM2-135M": 134_515_008,
-  "SmolLM2-1.7B": 1_711_376_384,
-  "Qwen2.5-0.5B": 494_032_768,
-  "Qwen2.5-7B": 7_615_616_512,
-  "Llama-3.2-1B": 1_235_814_400,
-  "Llama-3.1-8B": 8_030_261_248,
-  "gemma-2-2b": 2_614_341_888,
-  "gemma-2-9b": 9_241_705_984,
-  "gpt2": 124_439_808,
-  "gpt2-xl": 1_557_611_200,
-}
-# Keys of PUBLISHED that are no shape: model_type is the family, torch_dtype is what
-# write_checkpoint is told to store.
-_NOT_SHAPES = ("model_type", "torch_dtype")
-
-
-def _hub_shapes() -> dict[str, tuple[str, dict, int]]:
-  published = pretrained.PUBLISHED
-  if set(published) != set(_HUB_PARAMETERS):
-    raise ValueError(
-      f"parameter counts for {sorted(_HUB_PARAMETERS)}, PUBLISHED has {sorted(published)}"
-    )
-  shapes = {}
-  for name, hf in published.items():
-    keys = {k: copy.deepcopy(v) for k, v in hf.items() if k not in _NOT_SHAPES}
-    shapes[name] = (hf["model_type"], keys, _HUB_PARAMETERS[name])
-  return shapes
-
-
-# The published shapes of the example pairs (configs.pretrained.PUBLISHED, by directory
-# name): (family, config keys, parameter count as the hub reports it). Random weights at
-# real sizes for load and speed measurements.
-HUB_SHAPES: dict[str, tuple[str, dict, int]] = _hub_shapes()
-
-
 def as_transformers5(family: str, config: dict) -> dict:
   """`config` in the form transformers 5.x writes config.json.
 
@@ -277,25 +237,6 @@ def as_transformers5(family: str, config: dict) -> dict:
   if family == "gemma2":
     out["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
   return out
-
-
-def hub_config(name: str, **overrides) -> tuple[str, dict]:
-  """(family, config) with the shapes of a published model (a key of HUB_SHAPES).
-
-  Only the sizes, RoPE and caps are the model's; token ids stay the test tokenizer's, so
-  write_checkpoint(directory, *hub_config(name), return_weights=False) writes a random
-  checkpoint of the real size.
-
-  Args:
-    name: e.g. "Llama-3.2-1B" or "gemma-2-2b".
-    **overrides: config keys to set after the model's (e.g. num_hidden_layers=2).
-  Returns:
-    (family, config dict).
-  """
-  if name not in HUB_SHAPES:
-    raise ValueError(f"unknown model {name!r}; expected one of {tuple(HUB_SHAPES)}")
-  family, keys, _ = HUB_SHAPES[name]
-  return family, tiny_config(family, **{**keys, **overrides})
 
 
 def parameter_count(family: str, config: dict) -> int:

@@ -8,7 +8,7 @@ acceptance of `spectr_jax.acceptance` (nothing in spectr_jax imports it). Small 
   perturbed values) with its probability; k is cut to the support size, as the scheme
   does (the remaining drafts are copies of the first: they add nothing).
 - `rrs_law(x, p, q)`: the exact output law of recursive rejection without replacement
-  given the ordered drafts x; `specinfer_law` of tests/reference.py is the broken
+  given the ordered drafts x; `specinfer_law` of spectr_jax/testing/reference.py is the broken
   variant (the draft law not renormalised).
 - `enumerate_wor(law_fn, p, q, k)`: output law and hit probability over all draws.
 - `subset_prob(p, g, k)`: P(S subset of G), S the set of drafts.

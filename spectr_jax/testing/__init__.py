@@ -1,0 +1,12 @@
+"""References for checking the library, importable by tests and scripts alike.
+
+- `reference`: float64 output laws of the verifiers by enumeration, and the LP bounds
+  of acceptance (scipy's linprog): what the closed forms and Monte Carlo tests are
+  checked against.
+- `sequences`: random and constant (p, q) trees of block_bound's layout, and the
+  sequence-level verifiers run on them (scripts/block_table.py, tests).
+- `wor_reference`: the laws of drafts without replacement and their verifiers.
+- `hf_checkpoints`: tiny Hugging Face checkpoints (config.json, safetensors,
+  tokenizer.json) of each family, written in the hub's format, for the loaders' tests
+  and load benchmarks.
+"""
