@@ -257,7 +257,7 @@ def generate(
     prompt_lengths: B ints in [1, P].
     method: a name of the method registry (`spectr_jax.methods`): "autoregressive"
       (target only, one token per round), "sd" (K = 1), "kseq" (SpecTr), "specinfer",
-      "optimal", "block" (K = 1), "gbv".
+      "optimal", "rrs", "block" (K = 1), "gbv", "gbv_tp", "traversal".
     num_drafts: K. draft_len: L (ignored by "autoregressive").
     max_new_tokens: T, tokens generated per row (fewer when EOS is emitted); it sets the
       program's buffers (one compile per value).

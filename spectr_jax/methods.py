@@ -5,8 +5,9 @@ verify function and whether it decides per position ("token") or over the whole 
 ("block"), which K it takes and what it becomes at K = 1, whether it takes the split
 factor rho, the drafting scheme its drafts come from, its verifier workspace (memory
 plan), its closed-form per-position acceptance where one exists, and how reports label,
-order, draw and compare it. The engine, `experiment.expand`, `memory`, `analysis`,
-`report` and the configs read this table; none of them names a method.
+order, and compare it (plots give each multi-draft method its own colour, in registry
+order). The engine, `experiment.expand`, `memory`, `analysis`, `report` and the configs
+read this table; none of them names a method.
 
 Adding a verifier: write its function (one module, or one function in an existing one)
 with the signature of its level, add one `Method` to `METHODS` below, and test it
@@ -160,8 +161,6 @@ class Method:
     acceptance: "module:function" of its exact per-position hit probability with k
       drafts, (p_XxV, q_XxV, k[, rho]) -> [X] (methods with `takes_rho` get rho), or "".
     label: the name tables and plots print.
-    style: the matplotlib line style of its block-efficiency-vs-K line ("" = no line:
-      single-draft and baseline methods).
     compare_with: methods it is compared with cell by cell (paired gains in reports).
   """
 
@@ -176,7 +175,6 @@ class Method:
   workspace_bytes: int = 0
   acceptance: str = ""
   label: str = ""
-  style: str = ""
   compare_with: tuple[str, ...] = ()
 
   def __post_init__(self):
@@ -251,7 +249,6 @@ METHODS: dict[str, Method] = {
       single="sd",
       takes_rho=True,
       acceptance="spectr_jax.acceptance:kseq_acceptance_X",
-      style="-",
     ),
     Method(
       name="specinfer",
@@ -260,7 +257,6 @@ METHODS: dict[str, Method] = {
       summary="SpecInfer's recursive rejection sampling (Miao et al. 2024)",
       single="sd",
       acceptance="spectr_jax.acceptance:specinfer_acceptance_X",
-      style="--",
     ),
     Method(
       name="optimal",
@@ -270,7 +266,6 @@ METHODS: dict[str, Method] = {
       single="sd",
       workspace_bytes=PLAN_WORKSPACE_BYTES,
       acceptance="spectr_jax.acceptance:optimal_acceptance_X",
-      style=":",
       compare_with=("kseq",),
     ),
     Method(
@@ -283,7 +278,6 @@ METHODS: dict[str, Method] = {
       drafting="wor",
       acceptance="spectr_jax.acceptance:rrs_acceptance_X",
       label="RRS w/o replacement",
-      style="--",
       compare_with=("specinfer", "kseq", "optimal"),
     ),
     Method(
@@ -302,7 +296,6 @@ METHODS: dict[str, Method] = {
       "verification against its law (derived here, docs/BLOCK_VERIFICATION.md)",
       single="block",
       workspace_bytes=PLAN_WORKSPACE_BYTES,
-      style="-.",
       compare_with=("optimal", "kseq"),
     ),
     Method(
@@ -312,7 +305,6 @@ METHODS: dict[str, Method] = {
       summary="greedy multi-path block verification: the lexicographically largest path "
       "in q/p order, block-verified against its skewed law (Thomas & Pal, arXiv 2602.16961)",
       single="block",
-      style="--",
       compare_with=("gbv", "optimal", "kseq"),
     ),
     Method(
@@ -324,7 +316,6 @@ METHODS: dict[str, Method] = {
       single="block",
       drafting="wor",
       label="Traversal",
-      style="-",
       compare_with=("rrs",),
     ),
   )

@@ -367,14 +367,16 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> None:
 
 
 def plot_block_efficiency(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> None:
-  """Block efficiency vs K for each L: K-SEQ at rho* (solid, from "sd" at K = 1) and the
-  other multi-draft methods (dashed/dotted; "gbv" from "block" at K = 1), with the
-  bootstrap intervals; tree rows (squares) and drafted tree shapes (triangles) are lines
-  of their own."""
+  """Block efficiency vs K with the bootstrap intervals: one line per multi-draft method
+  (its own colour, registry order), draft length L (line style) and shape (marker: circles
+  for tails, squares for scored trees, triangles for drafted tree shapes), each line
+  starting from its K = 1 method ("sd", or "block" for "gbv"); rows that are not exact
+  are drawn hollow (never so at rho* or without a split factor)."""
   fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
   lens = sorted({r["L"] for r in rows if r["L"] > 0})
-  colors = dict(zip(lens, plt.cm.viridis(np.linspace(0, 0.85, len(lens))), strict=True))
-  lines = [m for m in methods.METHODS.values() if m.style]
+  dashes = {n: ["-", "--", ":", "-."][i % 4] for i, n in enumerate(lens)}
+  lines = [m for m in methods.METHODS.values() if m.multi_draft]
+  colors = {m.name: plt.cm.tab10(i % 10) for i, m in enumerate(lines)}
   # Tails, trees and drafted tree shapes of one method are lines of their own.
   shapes = sorted({(r.get("branching", ""), bool(r.get("tree"))) for r in rows})
   markers = {False: "o", True: "s"}
@@ -395,12 +397,12 @@ def plot_block_efficiency(rows: Sequence[dict[str, Any]], path: str | pathlib.Pa
     mean = np.array([r["block_efficiency"] for r in line])
     err = np.array([[m - r["lower"], r["upper"] - m] for m, r in zip(mean, line, strict=True)])
     label = f"{method.label}{variant({'branching': branching, 'tree': tree})} L={draft_len}"
-    color = colors[draft_len]
-    ax.errorbar(ks, mean, yerr=err.T, fmt=method.style, marker="^" if branching else markers[tree],
-                ms=4, capsize=3, label=label, color=color)  # fmt: skip
-    for r in line:  # Not exact (never so at rho* or without a split factor): hollow.
+    color, marker = colors[method.name], "^" if branching else markers[tree]
+    ax.errorbar(ks, mean, yerr=err.T, fmt=dashes[draft_len], marker=marker, ms=4, capsize=3,
+                label=label, color=color)  # fmt: skip
+    for r in line:
       if r["exact"] is not True:
-        ax.plot(r["K"], r["block_efficiency"], "o", ms=7, color=color, mfc="white")
+        ax.plot(r["K"], r["block_efficiency"], marker, ms=7, color=color, mfc="white")
   ax.axhline(1.0, color="gray", lw=0.8, label="autoregressive")
   ax.set_xscale("log", base=2)
   ax.set_xticks(

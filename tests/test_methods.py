@@ -197,3 +197,19 @@ def test_the_walk_reports_overshoot_only_for_an_invalid_rho(name):
     first = float(stats.overshoot_L1[0])
     invalid = methods.get(name).takes_rho and rho == 1.0 and k > 1
     assert (first > methods.OVERSHOOT_TOL) == invalid, (name, rho, first)
+
+
+def test_every_list_of_methods_names_the_whole_registry():
+  """README.md's and `engine.generate`'s lists of methods name every registered method
+  (they listed 7 of 10)."""
+  import pathlib
+
+  from spectr_jax import engine
+
+  readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+  listed = readme[readme.index("`method` is a name of the registry") :][:600]
+  doc = engine.generate.__doc__
+  described = doc[doc.index("method: a name of the method registry") :][:400]
+  for name in methods.names():
+    assert f'"{name}"' in listed, f"README.md's list of methods lacks {name!r}"
+    assert f'"{name}"' in described, f"engine.generate's docstring lacks {name!r}"

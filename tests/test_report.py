@@ -99,6 +99,38 @@ def test_tree_shapes_are_labelled_and_compared_with_their_baselines(tmp_path, mo
   assert {f"{rrs} (proportional) L=4", f"{rrs} (tree) L=4"} <= set(drawn)  # a line each
 
 
+def test_every_method_has_its_own_colour_and_inexact_rows_are_hollow(tmp_path, monkeypatch):
+  """K-SEQ and RRS (once drawn alike) get their own colours, as does every multi-draft
+  method; a row that is not exact is drawn hollow on its line."""
+  from matplotlib.axes import Axes
+
+  colours, hollow, real_bar, real_plot = {}, [], Axes.errorbar, Axes.plot
+
+  def errorbar(ax, *args, **kw):
+    colours[kw["label"]] = tuple(kw["color"])
+    return real_bar(ax, *args, **kw)
+
+  def plot(ax, *args, **kw):
+    if kw.get("mfc") == "white":
+      hollow.append(tuple(args[:2]))
+    return real_plot(ax, *args, **kw)
+
+  monkeypatch.setattr(Axes, "errorbar", errorbar)
+  monkeypatch.setattr(Axes, "plot", plot)
+  records = []
+  for seed in (0, 1):
+    for method in methods.names(speculative=True):
+      if methods.get(method).multi_draft:
+        records.append(_record(method, 4, 4, seed, [16, 16], [8, 8], 2.0))
+  rows = report.summarize(records)
+  bad = next(r for r in rows if r["method"] == "specinfer")
+  bad["exact"] = False
+  report.plot_block_efficiency(rows, tmp_path / "be.png")
+  multi = [m for m in methods.METHODS.values() if m.multi_draft]
+  assert len(colours) == len(multi) and len(set(colours.values())) == len(multi)
+  assert hollow == [(4, bad["block_efficiency"])]
+
+
 def _record(method, k, draft_len, seed, emitted, rounds, seconds, rho=None, pair="p", **shape):
   settings = DecodeSettings(1.0, 0, 1.0, len(emitted), 8, 16, False, **shape)
   cell = experiment.Cell(method, k, draft_len, rho, seed, settings, pair)
