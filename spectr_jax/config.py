@@ -485,6 +485,9 @@ class DecodeSettings(Schema):
     layer_stack: how the models' layers run (`engine.generate(scan_layers=...)`): "scan"
       (one compiled layer under `lax.scan`), "unroll", or "auto" (scan models of 8 layers
       or more). The output law is the same; only compile and step times move.
+    drafting: the drafting scheme of every speculative cell (`engine.generate(drafting=
+      ...)`, a name in `methods.DRAFTING`); "" for each method's default. A sweep's
+      methods must be exact for it (`methods.exact_for(drafting)` lists them).
 
   A field added after results were first stored carries `KEY_WHEN_SET` in its metadata:
   a cell's record (and so its key) holds it only where it differs from its default, so
@@ -501,6 +504,7 @@ class DecodeSettings(Schema):
   tree: bool = dataclasses.field(default=False, metadata={KEY_WHEN_SET: True})
   branching: str = dataclasses.field(default="", metadata={KEY_WHEN_SET: True})
   layer_stack: str = dataclasses.field(default="auto", metadata={KEY_WHEN_SET: True})
+  drafting: str = dataclasses.field(default="", metadata={KEY_WHEN_SET: True})
 
   def __post_init__(self):
     _integers("num_prompts", [self.num_prompts], 1)
@@ -520,6 +524,8 @@ class DecodeSettings(Schema):
       raise ValueError(
         f"layer_stack must be one of {tuple(LAYER_STACKS)}, got {self.layer_stack!r}"
       )
+    if self.drafting:
+      methods.get_drafting(self.drafting)
     # Normalise the types, so equal settings hash (and key cells) equally.
     object.__setattr__(self, "temperature", float(self.temperature))
     object.__setattr__(self, "top_k", int(self.top_k))
@@ -537,7 +543,8 @@ class DecodeSettings(Schema):
   def sampling_args(self, eos_ids: Sequence[int] = (EOS_ID,)) -> dict[str, Any]:
     """The `engine.generate` arguments these settings fix: temperature, top_k, top_p,
     eos_id (None where there is no truncation or no stop token), tree, branching (None
-    for the scheme's default) and scan_layers (None for "auto").
+    for the scheme's default), scan_layers (None for "auto") and drafting (None for each
+    method's default).
 
     Args:
       eos_ids: the pair's stop tokens (`Pair.special.eos`).
@@ -550,6 +557,7 @@ class DecodeSettings(Schema):
       tree=self.tree,
       branching=self.branching or None,
       scan_layers=LAYER_STACKS[self.layer_stack],
+      drafting=self.drafting or None,
     )
 
 
@@ -632,6 +640,8 @@ class SweepConfig(Schema):
     _integers("seeds", self.seeds, 0)
     self._check_grid()
     self._check_models()
+    for method in self.methods:  # an inexact (method, drafting) pair is refused here
+      methods.scheme(method, self.decoding.drafting)
 
   def _check_grid(self) -> None:
     """Every method gets cells: no combination of the grid drops a method's cells."""

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spectr_jax import acceptance, checks, drafting, methods, rounds, sharding, verify
+from spectr_jax import acceptance, checks, methods, rounds, sharding, verify
 from spectr_jax.models import ModelBundle, check_params
 from spectr_jax.rounds import DecodeSpec, DecodeStats, Traced
 from spectr_jax.sharding import DATA_AXIS
@@ -241,6 +241,7 @@ def generate(
   tree: bool = False,
   branching: Sequence[int] | str | None = None,
   scan_layers: bool | None = None,
+  drafting: str | None = None,
 ) -> GenerateOutput:
   """Decodes a batch of prompts with speculative decoding (or autoregressively).
 
@@ -288,6 +289,9 @@ def generate(
       fast; layers stacked) or unrolled (False; layers split); None: scan models of
       `models.layout.SCAN_MIN_LAYERS` layers or more. The same tokens either way, to
       rounding.
+    drafting: the drafting scheme (a name in `methods.DRAFTING`, e.g. "iid" or "wor");
+      None for the method's default. The method must be exact for the scheme's law
+      (`methods.Method.exact_for`): other pairs are refused, naming why.
 
   Returns:
     `GenerateOutput(tokens_BxT, lengths_B, stats)`.
@@ -311,7 +315,7 @@ def lower(key: jax.Array, **kwargs) -> jax.stages.Lowered:
 def _prepare(
   key, *, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
   max_new_tokens, token_limit, temperature, top_k, top_p, eos_id, rho, prompt_ids, mesh, tree,
-  branching, scan_layers,
+  branching, scan_layers, drafting,
 ):  # fmt: skip
   """Checks the inputs of `generate`; returns its program, the placed arguments and B."""
   if not methods.get(method).speculative:
@@ -337,10 +341,14 @@ def _prepare(
       "temperature must be a number, not a traced value: greedy decoding (0) and sampling "
       "compile to different programs"
     )
+  if drafting is not None and not isinstance(drafting, str):
+    raise ValueError(f"drafting must be a scheme name or None, got {drafting!r}")
+  scheme = methods.scheme(method, drafting or "")
   if branching is not None:
     branching = branching if isinstance(branching, str) else tuple(branching)
-    if not methods.DRAFTING[methods.get(method).drafting].branches:
-      raise ValueError(f"method {method!r} drafts no tree: branching must be None")
+    if scheme is None or not scheme.branches:
+      name = "no scheme" if scheme is None else f"scheme {scheme.name!r}"
+      raise ValueError(f"method {method!r} with {name} drafts no tree: branching must be None")
     drafting.check_branching(branching, num_drafts, draft_len)
   rho_mode, rho_value = acceptance.split_rho(rho)
   if not methods.get(method).takes_rho:  # not part of the program: one compile for any rho
@@ -359,6 +367,7 @@ def _prepare(
     branching=branching,
     greedy=float(temperature) <= 0,
     scan_layers=scan_layers,
+    drafting="" if scheme is None else scheme.name,
   )
   traced = Traced(
     temperature=jnp.float32(temperature),
@@ -374,9 +383,11 @@ def _prepare(
   draft_params = None if draft_len == 0 else draft.params
   target_params = target.params
   if mesh is not None:
-    target_params = sharding.shard_params(target_params, mesh, axes=spec.target.param_axes())
+    axes = spec.target.param_axes(target_params)
+    target_params = sharding.shard_params(target_params, mesh, axes=axes)
     if draft_params is not None:
-      draft_params = sharding.shard_params(draft_params, mesh, axes=spec.draft.param_axes())
+      axes = spec.draft.param_axes(draft_params)
+      draft_params = sharding.shard_params(draft_params, mesh, axes=axes)
     rows = _pad_rows(-b % mesh.shape[DATA_AXIS], prompts, lengths, ids)
     ids, prompts, lengths = sharding.put(
       (rows[2], rows[0], rows[1]), NamedSharding(mesh, PartitionSpec(DATA_AXIS))

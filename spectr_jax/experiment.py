@@ -110,14 +110,18 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
         grid += [(method.name, k, draft_len, rho) for rho in rhos]
 
   # Settings a cell cannot use are left at their defaults, so it keeps one key (decoded
-  # once) across sweeps that differ only in them: rounds without drafts have no tree,
-  # and a scheme that draws no tree takes no branching.
+  # once) across sweeps that differ only in them: rounds without drafts have no tree and
+  # no drafting scheme, a method's own default scheme is stored as "", and a scheme that
+  # draws no tree takes no branching.
   def settings(method, draft_len):
-    branches = methods.DRAFTING[methods.get(method).drafting].branches
+    scheme = methods.scheme(method, config.decoding.drafting)
     return dataclasses.replace(
       config.decoding,
       tree=config.decoding.tree and draft_len > 0,
-      branching=config.decoding.branching if branches and draft_len else "",
+      branching=config.decoding.branching if scheme and scheme.branches and draft_len else "",
+      drafting=""
+      if not draft_len or config.decoding.drafting == methods.get(method).drafting
+      else config.decoding.drafting,
     )
 
   cells = [
@@ -366,7 +370,7 @@ def _run_sweep(config, pair, provenance_config, writer):
   if mesh is not None:
     pair = pairs.shard(pair, mesh)
     if writer:
-      axes = param_axes(pair.target.config)
+      axes = param_axes(pair.target.config, pair.target.params)
       logging.info(
         "sharding of the target:\n%s", sharding.describe(pair.target.params, mesh, axes=axes)
       )

@@ -224,7 +224,10 @@ def plan(
   models = {"draft": draft, "target": target}
   if params is None:
     params = {role: param_shapes(c) for role, c in models.items()}
-  weights = {role: weight_bytes(params[role], mesh, param_axes(c)) for role, c in models.items()}
+  weights = {
+    role: weight_bytes(params[role], mesh, param_axes(c, params[role]))
+    for role, c in models.items()
+  }
   cache = {
     role: cache_bytes(c, rows * data, num_drafts, draft_len, cache_len, mesh)
     for role, c in models.items()

@@ -39,9 +39,13 @@ __all__ = [
   "Method",
   "Verdict",
   "check_rho",
+  "exact_for",
   "get",
+  "get_drafting",
   "names",
+  "register_drafting",
   "resolve",
+  "scheme",
 ]
 
 LEVELS = ("none", "token", "block")
@@ -102,6 +106,10 @@ class Drafting:
     branches: whether the scheme draws a tree and takes its shape, children per depth
       or "proportional" (`engine.generate(branching=...)`, passed on as the scheme's
       `branching`).
+    law: the drafting law its drafts follow, which decides the verifiers exact for it
+      (`Method.exact_for`): "iid" (K i.i.d. sequences) or "wor" (a tree drawn without
+      replacement); default: the scheme's name. A new scheme of an existing law is
+      verified by every verifier exact for that law, with no new method record.
   """
 
   name: str
@@ -111,6 +119,11 @@ class Drafting:
   summary: str
   check: str = ""
   branches: bool = False
+  law: str = ""
+
+  def __post_init__(self):
+    if not self.law:
+      object.__setattr__(self, "law", self.name)
 
 
 DRAFTING: dict[str, Drafting] = {
@@ -155,7 +168,10 @@ class Method:
       K >= 2 and draw that method's K = 1 cell as the start of its line. None: itself.
     takes_rho: it has a split factor rho ("star", "k" or a number; one sweep cell per
       rho); only these verify functions see rho.
-    drafting: the name of its drafting scheme in `DRAFTING`.
+    drafting: its default drafting scheme (a name in `DRAFTING`); a decode may name
+      another (`engine.generate(drafting=...)`) of a law in `exact_for`.
+    exact_for: the drafting laws (`Drafting.law`) for which its output follows the
+      target's law; default: its default scheme's law.
     workspace_bytes: one row's verifier workspace beyond the round's probability arrays
       (`memory.plan`; e.g. the optimal plan's levels).
     acceptance: "module:function" of its exact per-position hit probability with k
@@ -172,6 +188,7 @@ class Method:
   single: str | None = None
   takes_rho: bool = False
   drafting: str = "iid"
+  exact_for: tuple[str, ...] = ()
   workspace_bytes: int = 0
   acceptance: str = ""
   label: str = ""
@@ -184,6 +201,8 @@ class Method:
       raise ValueError(f"method {self.name!r}: unknown drafting scheme {self.drafting!r}")
     if not self.label:
       object.__setattr__(self, "label", self.name)
+    if not self.exact_for and self.level != "none":
+      object.__setattr__(self, "exact_for", (DRAFTING[self.drafting].law,))
 
   @property
   def speculative(self) -> bool:
@@ -219,6 +238,8 @@ class Method:
     return [k for k in num_drafts if k >= 2]
 
 
+# One draft sequence is a draw from the draft model under either law.
+ONE_DRAFT_LAWS = ("iid", "wor")
 # The optimal plan's workspace: its O(M^2) levels and rates at M = 128 cuts, 1232 KiB
 # measured at V = 1024, K = 2 (docs/PERFORMANCE.md; it grows little with V).
 PLAN_WORKSPACE_BYTES = 1232 * 1024
@@ -239,6 +260,7 @@ METHODS: dict[str, Method] = {
       verify="spectr_jax.verify:sd_position",
       summary="single-draft speculative sampling (Leviathan et al. 2023; Chen et al. 2023)",
       max_drafts=1,
+      exact_for=ONE_DRAFT_LAWS,
       acceptance="spectr_jax.acceptance:overlap_X",
     ),
     Method(
@@ -286,6 +308,7 @@ METHODS: dict[str, Method] = {
       verify="spectr_jax.block:verify_paths",
       summary="block verification of one draft (Sun et al., ICLR 2025)",
       max_drafts=1,
+      exact_for=ONE_DRAFT_LAWS,
       compare_with=("sd",),
     ),
     Method(
@@ -336,6 +359,56 @@ def get(name: str) -> Method:
   if name not in METHODS:
     raise ValueError(f"unknown method {name!r}; expected one of {names()}")
   return METHODS[name]
+
+
+def register_drafting(scheme: Drafting) -> None:
+  """Adds a drafting scheme to `DRAFTING` (one record, in the scheme's own module): every
+  method exact for its law (`Method.exact_for`) then verifies it, in the engine, sweeps
+  and reports. Registering the same record again is a no-op.
+
+  Raises:
+    ValueError: another scheme holds its name.
+  """
+  if DRAFTING.get(scheme.name, scheme) != scheme:
+    raise ValueError(f"a different drafting scheme is registered as {scheme.name!r}")
+  DRAFTING[scheme.name] = scheme
+
+
+def exact_for(drafting: str) -> tuple[str, ...]:
+  """The speculative methods whose output follows the target's law on the drafts of
+  scheme `drafting` (registry order)."""
+  law = get_drafting(drafting).law
+  return tuple(m.name for m in METHODS.values() if law in m.exact_for)
+
+
+def get_drafting(name: str) -> Drafting:
+  """The drafting scheme `name`; a clear error listing the known ones otherwise."""
+  if name not in DRAFTING:
+    raise ValueError(f"unknown drafting scheme {name!r}; expected one of {tuple(DRAFTING)}")
+  return DRAFTING[name]
+
+
+def scheme(method: str, drafting: str = "") -> Drafting | None:
+  """The drafting scheme a decode of `method` uses: `drafting`, or the method's default
+  where it is ""; None for a method without drafts.
+
+  Raises:
+    ValueError: an unknown method or scheme, or a pair whose output would not follow the
+      target's law (the method is not exact for the scheme's drafting law), named with
+      why and with the methods that are.
+  """
+  record = get(method)
+  if not record.speculative:
+    return None
+  chosen = get_drafting(drafting or record.drafting)
+  if chosen.law not in record.exact_for:
+    raise ValueError(
+      f"method {method!r} is not exact for drafting scheme {chosen.name!r}: it is exact "
+      f"for drafts of law {' or '.join(record.exact_for)}, and {chosen.name!r} draws "
+      f"{chosen.law!r} drafts ({chosen.summary.split(';')[0]}), so its output would not follow the "
+      f"target's law; methods exact for {chosen.name!r}: {', '.join(exact_for(chosen.name))}"
+    )
+  return chosen
 
 
 def check_rho(rho: Any) -> str | float:

@@ -253,7 +253,9 @@ def shard(pair: Pair, mesh: jax.sharding.Mesh) -> Pair:
   """The pair with both models' parameters placed on `mesh` by `sharding.RULES` (restored
   checkpoints sit on one device, which a computation over the whole mesh cannot take)."""
   draft, target = (
-    ModelBundle(m.config, sharding.shard_params(m.params, mesh, axes=param_axes(m.config)))
+    ModelBundle(
+      m.config, sharding.shard_params(m.params, mesh, axes=param_axes(m.config, m.params))
+    )
     for m in (pair.draft, pair.target)
   )
   return dataclasses.replace(pair, draft=draft, target=target)

@@ -177,9 +177,10 @@ _GAIN_COLUMNS = (
 
 
 def variant(cell: dict[str, Any]) -> str:
-  """What a cell's label adds for its drafts' tree shape and tree scoring, e.g.
-  " (proportional, tree)"; "" for tails of the scheme's default drafts."""
-  parts = [cell.get("branching", "")] + ["tree"] * bool(cell.get("tree"))
+  """What a cell's label adds for a drafting scheme other than its method's default, its
+  drafts' tree shape and tree scoring, e.g. " (wor, proportional, tree)"; "" for tails of
+  the method's default drafts."""
+  parts = [cell.get("drafting", ""), cell.get("branching", "")] + ["tree"] * bool(cell.get("tree"))
   parts = [p for p in parts if p]
   return f" ({', '.join(parts)})" if parts else ""
 
@@ -276,6 +277,7 @@ def summarize(
       "label": label + variant(cell),
       "tree": bool(cell.get("tree")),
       "branching": cell.get("branching", ""),
+      "drafting": cell.get("drafting", ""),
       # Target positions per round, emitted tokens per target position and draft
       # positions per round (None for records from before they were stored).
       "positions_per_round": None if positions is None else positions / max(rounds_ZxE.sum(), 1),
@@ -299,10 +301,11 @@ def summarize(
       "prompts": emitted_ZxE.shape[1],
       "samples": f"{len(members)} x {emitted_ZxE.shape[1]}",
       **exactness(members),
-      # The autoregressive baseline ignores `tree` and `branching` (`experiment.expand`
-      # stores it without).
+      # The autoregressive baseline ignores `tree`, `branching` and `drafting`
+      # (`experiment.expand` stores it without).
       "_setting": _group_key(
-        cell, ("seed", "method", "num_drafts", "draft_len", "rho", "tree", "branching")
+        cell,
+        ("seed", "method", "num_drafts", "draft_len", "rho", "tree", "branching", "drafting"),
       ),
     }
     if cell["method"] == "autoregressive":
@@ -379,9 +382,16 @@ def plot_block_efficiency(rows: Sequence[dict[str, Any]], path: str | pathlib.Pa
   colors = {m.name: plt.cm.tab10(i % 10) for i, m in enumerate(lines)}
   # Tails, trees and drafted tree shapes of one method are lines of their own.
   shapes = sorted({(r.get("branching", ""), bool(r.get("tree"))) for r in rows})
+  schemes = sorted({r.get("drafting", "") for r in rows})
   markers = {False: "o", True: "s"}
-  for draft_len, method, (branching, tree) in itertools.product(lens, lines, shapes):
-    rows_at = [r for r in rows if r["L"] == draft_len and bool(r.get("tree")) == tree]
+  for draft_len, method, (branching, tree), scheme in itertools.product(
+    lens, lines, shapes, schemes
+  ):
+    rows_at = [
+      r
+      for r in rows
+      if r["L"] == draft_len and bool(r.get("tree")) == tree and r.get("drafting", "") == scheme
+    ]
     single = [r for r in rows_at if r["method"] == method.single and not r.get("branching")]
     line = [
       r
@@ -396,7 +406,8 @@ def plot_block_efficiency(rows: Sequence[dict[str, Any]], path: str | pathlib.Pa
     ks = [r["K"] for r in line]
     mean = np.array([r["block_efficiency"] for r in line])
     err = np.array([[m - r["lower"], r["upper"] - m] for m, r in zip(mean, line, strict=True)])
-    label = f"{method.label}{variant({'branching': branching, 'tree': tree})} L={draft_len}"
+    shape = {"drafting": scheme, "branching": branching, "tree": tree}
+    label = f"{method.label}{variant(shape)} L={draft_len}"
     color, marker = colors[method.name], "^" if branching else markers[tree]
     ax.errorbar(ks, mean, yerr=err.T, fmt=dashes[draft_len], marker=marker, ms=4, capsize=3,
                 label=label, color=color)  # fmt: skip

@@ -44,8 +44,11 @@ class DecodeSpec:
   # Greedy decoding (one-hot on the argmax) rather than sampling at `Traced.temperature`.
   greedy: bool = False
   # The models' layer stacks under lax.scan (True, parameters stacked) or unrolled (False,
-  # parameters split per layer); None: scan deep models (`models.layout.scans`).
+  # parameters split per layer); None: scan deep models (`models.layout.scans`). The
+  # engine lays the parameters out so (the decoders run the layout they are given).
   scan_layers: bool | None = None
+  # The drafting scheme (a name in `methods.DRAFTING`); "": the method's default.
+  drafting: str = ""
 
   @property
   def scores_tree(self) -> bool:
@@ -61,12 +64,12 @@ class DecodeSpec:
   @property
   def draft(self) -> Decoder:
     """The draft model's decoder (L > 0)."""
-    return decoder(self.draft_config, self.scan_layers)
+    return decoder(self.draft_config)
 
   @property
   def target(self) -> Decoder:
     """The target model's decoder."""
-    return decoder(self.target_config, self.scan_layers)
+    return decoder(self.target_config)
 
 
 @struct.dataclass
@@ -156,10 +159,10 @@ def probs(spec: DecodeSpec, logits_AxV, traced: Traced):
 
 
 def draft(spec, params, cache, state, key_B, traced):
-  """The method's drafting scheme (`methods.DRAFTING`) on the draft model: its
+  """The decode's drafting scheme (`methods.scheme`) on the draft model: its
   `drafting.Drafts` (tokens_BxKxL, p_BxKxLxV, cache, nonfinite_B, positions). A round
   that scores a tree drafts it too: each prefix the scheme's draws share computed once."""
-  scheme = methods.resolve(methods.DRAFTING[methods.get(spec.method).drafting].draft)
+  scheme = methods.resolve(methods.scheme(spec.method, spec.drafting).draft)
   return scheme(
     spec.draft.extend,
     params,

@@ -401,8 +401,9 @@ def check_method(method: str, num_drafts: int) -> None:
 
 
 def verify_block(
-  key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method="kseq", rho="star", return_stats=False
-):
+  key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method="kseq", rho="star", return_stats=False,
+  drafting="",
+):  # fmt: skip
   """The SpecTr walk over one block of K draft sequences of length L.
 
   Index convention: `p[i, t] = p(. | h, drafts[i, :t])` and `q[i, t] = q(. | h,
@@ -417,12 +418,13 @@ def verify_block(
     drafts_KxL: int draft tokens.
     p_KxLxV: draft distributions. q_KxL1xV: target distributions.
     method: a speculative method of the registry (`spectr_jax.methods`): "kseq",
-      "specinfer", "optimal", "gbv", or "sd" / "block" (K = 1); "rrs" takes drafts of
-      its own scheme (first tokens without replacement, checked where concrete). The
-      drafts must come from the method's drafting scheme (`methods.DRAFTING`).
+      "specinfer", "optimal", "gbv", "gbv_tp", "traversal", or "sd" / "block" (K = 1);
+      "rrs" and "traversal" take drafts without replacement (checked where concrete).
     rho: K-SEQ split factor: "star", "k" or a number (see `kseq`); ignored by methods
       without one.
     return_stats: also return a `BlockStats`.
+    drafting: the drafting scheme the drafts come from ("": the method's default); the
+      method must be exact for its law (`methods.scheme`).
 
   Returns:
     (tokens_L1, num_tokens[, stats]): `tokens_L1[:num_tokens]` are the emitted tokens
@@ -431,7 +433,7 @@ def verify_block(
   checks.shape("drafts_KxL", drafts_KxL, (None, None))
   check_method(method, drafts_KxL.shape[0])
   checks.block("verify_block", drafts_KxL, p_KxLxV, q_KxL1xV)
-  scheme = methods.DRAFTING[methods.get(method).drafting]
+  scheme = methods.scheme(method, drafting)
   if scheme.check:
     methods.resolve(scheme.check)(drafts_KxL)
   rho_mode, rho_value = acceptance.split_rho(rho)

@@ -128,3 +128,16 @@ def test_tree_rounds_reject_a_commit_of_the_wrong_path(models, monkeypatch):
   stats.assert_rejects(
     np.bincount(codes(out.tokens_BxT), minlength=law.size), law, "tree commit", min_power=0.99
   )
+
+
+@pytest.mark.slow
+def test_a_new_drafting_scheme_keeps_the_output_law(models):
+  """K-SEQ on the drafts of a scheme added in one module (tests/toy_drafting.py, of the
+  i.i.d. law): the target's law, several rounds."""
+  from tests import toy_drafting
+
+  draft, target = models
+  out = generate(draft, target, "kseq", 3, 2, 4, key=5, drafting=toy_drafting.SCHEME.name)
+  law = exact_law(target, 4)
+  stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, "kseq toy_iid")
+  assert residual_share(out, 2) >= 0.2

@@ -10,11 +10,12 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import lm1b_spectr, rho_ablation
-from spectr_jax import checks, drafting, experiment, memory, methods, pairs, report, results
+from spectr_jax import checks, drafting, engine, experiment, memory, methods, pairs, report, results
 from spectr_jax.config import SWEEP_BRANCHINGS, DecodeSettings, RhoAblationConfig, SweepConfig
 from spectr_jax.data import TokenizedSplit
 from spectr_jax.models import ModelBundle, get_model_config, init_params
@@ -147,7 +148,9 @@ def test_missing_pair_is_an_error_naming_folders_and_command(tmp_path, monkeypat
   trained = dataclasses.replace(pair, kind="trained")
   with pytest.raises(pairs.MissingPairError, match="config.json is missing"):
     pairs.load_pair(trained)
-  with pytest.raises(ValueError, match="no tokenizer.json"):
+  with pytest.raises(
+    ValueError, match="is not a directory: a pretrained model is read from a local"
+  ):
     pairs.load_pair(dataclasses.replace(pair, kind="pretrained"))
   with pytest.raises(ValueError, match="train_missing needs"):
     dataclasses.replace(trained, train_missing=True)
@@ -506,7 +509,7 @@ def test_an_unknown_config_override_is_named():
     cwd=_REPO, capture_output=True, text=True,
   )  # fmt: skip
   assert out.returncode != 0
-  fields = "(branching, layer_stack, max_new_tokens, num_prompts"
+  fields = "(branching, drafting, layer_stack, max_new_tokens, num_prompts"
   assert f"--config.decoding has no field 'foo' {fields}" in out.stderr
 
 
@@ -532,3 +535,63 @@ def test_refuse_inexact_stops_at_an_invalid_rho(pair, tmp_path):
   refusing = dataclasses.replace(config, results_dir=str(tmp_path / "r2"), refuse_inexact=True)
   with pytest.raises(experiment.InexactError, match="rho=1.0 seed=0 is not exact"):
     experiment.run_sweep(refusing, pair)
+
+
+@pytest.mark.slow
+def test_a_new_drafting_scheme_is_swept_against_every_verifier_exact_for_it(pair, tmp_path):
+  """A scheme registered in one module (tests/toy_drafting.py, the i.i.d. law) runs with
+  every method exact for that law, with no new method record; its cells are labelled with
+  it; a method exact for another law is refused at config time, naming the pair and why."""
+  from tests import toy_drafting
+
+  exact = methods.exact_for(toy_drafting.SCHEME.name)
+  assert set(exact) == {"sd", "kseq", "specinfer", "optimal", "block", "gbv", "gbv_tp"}
+  decoding = dataclasses.replace(
+    sweep_config(tmp_path).decoding, drafting="toy_iid", num_prompts=2, max_new_tokens=4
+  )
+  config = sweep_config(
+    tmp_path, methods=("autoregressive", *exact), num_drafts=(1, 2), draft_lens=(2,),
+    seeds=(0,), decoding=decoding,
+  )  # fmt: skip
+  experiment.run_sweep(config, pair)
+  records = results.load_results(config.results_path)
+  ran = {r["cell"]["method"]: r["cell"] for r in records.values()}
+  assert set(ran) == {"autoregressive", *exact}
+  assert all(c.get("drafting") == "toy_iid" for m, c in ran.items() if m != "autoregressive")
+  assert "drafting" not in ran["autoregressive"]  # no drafts, no scheme: its key is kept
+  labels = {r["label"] for r in report.summarize(list(records.values()))}
+  assert f"{methods.get('kseq').label} (toy_iid)" in labels
+  with pytest.raises(ValueError, match=r"method 'rrs' is not exact for drafting scheme 'toy_iid'"):
+    sweep_config(tmp_path, methods=("rrs",), decoding=decoding)
+  with pytest.raises(ValueError, match=r"'specinfer' is not exact for .*'wor'.*: sd, rrs"):
+    engine.generate(
+      jax.random.key(0), draft=pair.draft, target=pair.target,
+      prompts=jnp.ones((1, 2), jnp.int32), prompt_lengths=jnp.full((1,), 2),
+      method="specinfer", num_drafts=2, draft_len=2, max_new_tokens=4, drafting="wor",
+    )  # fmt: skip
+
+
+def test_cells_keep_the_keys_they_had_before_the_drafting_axis():
+  """Cells at each method's default scheme keep the keys of results stores written before
+  `DecodeSettings.drafting` (values computed by the code before it), so stored cells are
+  not decoded again; a scheme named explicitly is a new cell."""
+  before = {
+    ("kseq", 4, 4, "star"): "0f2b69ddadd3824b",
+    ("rrs", 2, 2, None): "52673ce678ba1b20",
+    ("autoregressive", 1, 0, None): "f2c76a6999a268cd",
+  }
+  for (method, k, draft_len, rho), key in before.items():
+    tree = method == "rrs"
+    settings = DecodeSettings(tree=tree, branching="proportional" if tree else "")
+    cell = experiment.Cell(method, k, draft_len, rho, 0, settings, "abc123")
+    assert cell.key == key, method
+  # A sweep naming a method's own default scheme keeps its keys too (`expand` stores the
+  # default as ""); another scheme is another cell.
+  for scheme, same in (("iid", True), ("toy_iid", False)):
+    from tests import toy_drafting  # noqa: F401 (registers toy_iid)
+
+    decoding = DecodeSettings(drafting=scheme)
+    config = SweepConfig(methods=("kseq",), num_drafts=(4,), draft_lens=(4,), seeds=(0,))
+    (cell,) = experiment.expand(dataclasses.replace(config, decoding=decoding), "abc123")
+    plain = experiment.expand(config, "abc123")[0]
+    assert (cell.key == plain.key) == same, scheme

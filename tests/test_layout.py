@@ -131,7 +131,6 @@ def test_an_unrolled_decode_holds_its_layers_split():
     "layers_2",
   ]
   np.testing.assert_array_equal(split.params["layers_1"]["w_o"], params["layers"]["w_o"][1])
-  assert not split.decoder.module.scan_layers
   restacked = split.for_decoding(scan_layers=True).params
   for a, b in zip(jax.tree.leaves(restacked), jax.tree.leaves(params), strict=True):
     np.testing.assert_array_equal(a, b)

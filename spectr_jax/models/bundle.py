@@ -28,9 +28,9 @@ class ModelBundle:
 
   @property
   def decoder(self) -> Decoder:
-    """The decoder of this config that runs these parameters (scanned where the layers
-    are stacked, unrolled where they are split: `models.layout`)."""
-    return decoder(self.config, not layout.is_split(self.params))
+    """The decoder of this config (it runs the parameters stacked or split:
+    `models.layout`)."""
+    return decoder(self.config)
 
   def for_decoding(self, scan_layers: bool | None = None) -> "ModelBundle":
     """The bundle as a decode holds it: every float in the compute dtype, the layers
@@ -56,15 +56,16 @@ def init_params(config: ModelConfig, key: jax.Array) -> Any:
   Returns:
     The parameter pytree (the "params" collection), float32.
   """
-  return decoder(config, scan_layers=True).init_params(key)
+  return decoder(config).init_params(key)
 
 
-def param_axes(config: ModelConfig) -> Any:
+def param_axes(config: ModelConfig, params: Any = None) -> Any:
   """The logical axes of every parameter of the config's decoder, as attached where each
   is created: a pytree like the parameters with tuples of axis names as leaves (for
   `spectr_jax.sharding`'s param_specs, shard_params, describe); layers stacked, as
-  `init_params` makes them."""
-  return decoder(config, scan_layers=True).param_axes()
+  `init_params` makes them, or laid out like `params` (split for an unrolled decode:
+  `models.layout`)."""
+  return decoder(config).param_axes(params)
 
 
 def count_params(params: Any) -> int:

@@ -41,9 +41,10 @@ class Decoder(Protocol):
   def init_params(self, key: jax.Array) -> Any:
     """Fresh parameters (plain arrays, float32)."""
 
-  def param_axes(self) -> Any:
-    """The logical axis names of every parameter: a pytree like the parameters whose
-    leaves are tuples of names (`spectr_jax.sharding` maps them to mesh axes)."""
+  def param_axes(self, params: Any = None) -> Any:
+    """The logical axis names of every parameter: a pytree like the parameters (laid out
+    like `params` where given) whose leaves are tuples of names (`spectr_jax.sharding`
+    maps them to mesh axes)."""
 
   def init_cache(
     self, batch_size: int, num_tails: int, tail_capacity: int, cache_len: int | None = None
@@ -103,25 +104,25 @@ class Decoder(Protocol):
 class TransformerDecoder:
   """The `Decoder` of every family built on the shared `Transformer`.
 
+  Its methods run whichever parameter layout they are given: layers stacked (under
+  `lax.scan`) or split per layer (unrolled: `layout.split_layers`); `init_params` makes
+  them stacked (training's and the checkpoints' layout).
+
   Attributes:
     config: the model hyper-parameters.
-    scan_layers: the layout of `init_params` and `param_axes`: layers stacked (run under
-      `lax.scan`) or split per layer (run unrolled: `layout.split_layers`). The methods
-      run whichever layout they are given.
   """
 
   config: ModelConfig
-  scan_layers: bool = True
 
   @property
   def module(self) -> Transformer:
-    """The flax module of this decoder's layout (its `apply({"params": params},
+    """The flax module of the stacked layout (its `apply({"params": params},
     tokens_BxT)` is `logits`)."""
-    return Transformer(self.config, self.scan_layers)
+    return Transformer(self.config)
 
   def _apply(self, params: Any, *args, method=None):
     """The module that runs `params` (scanned where the layers are stacked, unrolled where
-    they are split: the layout decides, whatever this decoder's), applied."""
+    they are split), applied."""
     module = Transformer(self.config, not layout.is_split(params))
     return module.apply({"params": params}, *args, method=method)
 
@@ -130,14 +131,14 @@ class TransformerDecoder:
     return self.config.num_logits
 
   def init_params(self, key: jax.Array) -> Any:
-    return self._laid_out(_init(self.config, key))
+    return _init(self.config, key)
 
-  def param_axes(self) -> Any:
-    return self._laid_out(_param_axes(self.config))
-
-  def _laid_out(self, stacked: Any) -> Any:
-    """A stacked parameter tree in this decoder's layout."""
-    return stacked if self.scan_layers else layout.split_layers(stacked, self.config)
+  def param_axes(self, params: Any = None) -> Any:
+    """The parameters' logical axes, laid out like `params` where given (else stacked)."""
+    axes = _param_axes(self.config)
+    if params is not None and layout.is_split(params):
+      axes = layout.split_layers(axes, self.config)
+    return axes
 
   def init_cache(
     self, batch_size: int, num_tails: int, tail_capacity: int, cache_len: int | None = None
@@ -194,20 +195,14 @@ class TransformerDecoder:
     return self._apply(params, tokens_BxT)
 
 
-def decoder(config: ModelConfig, scan_layers: bool | None = None) -> Decoder:
+def decoder(config: ModelConfig) -> Decoder:
   """The decoder of `config` (its family and options checked).
-
-  Args:
-    config: the model config.
-    scan_layers: run the layer stack under `lax.scan` (True, parameters stacked) or
-      unrolled (False, parameters split per layer); None scans stacks of at least
-      `layout.SCAN_MIN_LAYERS` layers.
 
   Raises:
     ValueError: an unknown family, or options the family does not take.
   """
   family_of(config)
-  return TransformerDecoder(config, layout.scans(config, scan_layers))
+  return TransformerDecoder(config)
 
 
 def _boxed_init(config: ModelConfig, key: jax.Array) -> Any:
