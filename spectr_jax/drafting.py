@@ -6,7 +6,8 @@ A scheme is a function
          num_drafts, draft_len, take_tails=None) -> Drafts
 
 that runs the draft model through `extend` (the decoder's extend-on-tails call:
-(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None) -> (logits, cache)),
+(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None, tails_empty=False) ->
+(logits, cache); the opening call of a round, on empty tails, passes tails_empty=True),
 turns logits into distributions with `probs` (the decode's sampling transform) and
 returns the draft tokens, the distributions they were proposed from and the structure
 the verifier needs. The method registry (`spectr_jax.methods.DRAFTING`) names the scheme
@@ -251,7 +252,7 @@ def _proportional(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2):
 
 
 def _extend_shared(extend: Callable, take_tails: Callable | None, params, size: int,
-                   tokens_BxKxT, cache, *args):  # fmt: skip
+                   tokens_BxKxT, cache, *args, **kwargs):  # fmt: skip
   """`extend` on K tails that form nodes of `size` consecutive tails holding the same
   sequence (before and after these tokens; static): the first tail of each node computes
   and the others take its entries and logits (`take_tails`). Size 1 (or no
@@ -259,12 +260,12 @@ def _extend_shared(extend: Callable, take_tails: Callable | None, params, size: 
   cache, the positions computed per row: an int)."""
   b, k, t = tokens_BxKxT.shape
   if take_tails is None or size == 1:
-    logits, cache = extend(params, tokens_BxKxT, cache, *args)
+    logits, cache = extend(params, tokens_BxKxT, cache, *args, **kwargs)
     return logits, cache, k * t
   first_W = jnp.arange(0, k, size)
   node_BxK = jnp.broadcast_to(jnp.arange(k) // size, (b, k))
   cache = take_tails(cache, jnp.broadcast_to(first_W, (b, first_W.size)))
-  logits, cache = extend(params, tokens_BxKxT[:, first_W], cache, *args)
+  logits, cache = extend(params, tokens_BxKxT[:, first_W], cache, *args, **kwargs)
   return logits[:, node_BxK[0]], take_tails(cache, node_BxK), first_W.size * t
 
 
@@ -304,7 +305,10 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
   b, k, n = pending_Bx2.shape[0], num_drafts, draft_len
   call = functools.partial(_extend_shared, extend, take_tails, params)
   tokens_BxKx2 = jnp.broadcast_to(pending_Bx2[:, None, :], (b, k, 2))
-  logits_BxKxV, cache, positions = call(k, tokens_BxKx2, cache, num_pending_B, num_pending_B - 1)
+  # The tails are empty when a round's drafting starts (the commit empties them).
+  logits_BxKxV, cache, positions = call(
+    k, tokens_BxKx2, cache, num_pending_B, num_pending_B - 1, tails_empty=True
+  )
   bad_B = sampling.nonfinite_rows(logits_BxKxV)
   p_BxKxV = probs(logits_BxKxV)
   key_LxBxK = draft_keys_LxBxK(key_B, n, k)

@@ -32,6 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spectr_jax import acceptance, checks, methods, rounds, sharding, verify
+from spectr_jax.drafting import check_branching
 from spectr_jax.models import ModelBundle, check_params
 from spectr_jax.rounds import DecodeSpec, DecodeStats, Traced
 from spectr_jax.sharding import DATA_AXIS
@@ -349,7 +350,7 @@ def _prepare(
     if scheme is None or not scheme.branches:
       name = "no scheme" if scheme is None else f"scheme {scheme.name!r}"
       raise ValueError(f"method {method!r} with {name} drafts no tree: branching must be None")
-    drafting.check_branching(branching, num_drafts, draft_len)
+    check_branching(branching, num_drafts, draft_len)
   rho_mode, rho_value = acceptance.split_rho(rho)
   if not methods.get(method).takes_rho:  # not part of the program: one compile for any rho
     rho_mode, rho_value = "", jnp.float32(0.0)
@@ -367,7 +368,8 @@ def _prepare(
     branching=branching,
     greedy=float(temperature) <= 0,
     scan_layers=scan_layers,
-    drafting="" if scheme is None else scheme.name,
+    # "" for the method's own scheme: one program (and spec) however it is named.
+    drafting="" if scheme is None or scheme.name == methods.get(method).drafting else scheme.name,
   )
   traced = Traced(
     temperature=jnp.float32(temperature),

@@ -219,8 +219,9 @@ def score(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Tra
     return _score_tree(spec, target_params, cache, last_B, drafts_BxKxL, traced)
   b, k, length = drafts_BxKxL.shape
   last_BxKx1 = jnp.broadcast_to(last_B[:, None, None], (b, k, 1))
+  # A round's target call follows a commit (or the prefill): its tails are empty.
   logits_BxKxL1xV, cache = spec.target.extend(
-    target_params, jnp.concatenate([last_BxKx1, drafts_BxKxL], axis=2), cache
+    target_params, jnp.concatenate([last_BxKx1, drafts_BxKxL], axis=2), cache, tails_empty=True
   )
   bad_B = sampling.nonfinite_rows(logits_BxKxL1xV)
   positions = jnp.int32(k * (length + 1))

@@ -133,7 +133,7 @@ def test_boundary_words_never_draft_a_zero_probability_token(forced_randomness, 
   vocab = 5
   logits_V = jnp.asarray([-jnp.inf, 0.0, -jnp.inf, 1.0, -jnp.inf])
 
-  def extend(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None):
+  def extend(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None, tails_empty=False):
     b, k, t = tokens_BxKxT.shape
     shape = (b, k, vocab) if logits_at_B is not None else (b, k, t, vocab)
     return jnp.broadcast_to(logits_V, shape), cache

@@ -121,11 +121,15 @@ class Tails:
     prefix_len_B: valid prefix entries of each row.
     tail_len_BxK: valid entries of each tail before these tokens.
     pos: B x K x T, the absolute position of every new token (prefix_len + tail_len + t).
+    read_tails: attend to the tails' earlier entries (static); False where every tail is
+      known to be empty (the round's target call after a commit): their keys are not
+      scored, and XLA does not constant-fold a masked-out B x K x T x H x R block.
   """
 
   prefix_len_B: jax.Array
   tail_len_BxK: jax.Array
   pos: jax.Array
+  read_tails: bool = struct.field(pytree_node=False, default=True)
 
   def __call__(self, view, q_BxKxTxHxDh, k_BxKxTxHkxDh, v_BxKxTxHkxDh, *, layer, window, softcap):
     prefix_k, prefix_v, tail_k, tail_v = view
@@ -143,23 +147,22 @@ class Tails:
     distance_TxU = jnp.arange(t)[:, None] - jnp.arange(t)
     new_TxU = _sliding(distance_TxU >= 0, distance_TxU, window, layer)
     heads = lambda m: m[:, :, :, None, None, :]  # noqa: E731
-    parts = [
-      (
-        score("bktngd,bsnd->bktngs", q_BxKxTxHkxGxDh, prefix_k),
-        heads(pre_BxKxTxS),
-        _contract("bktngs,bsnd->bktngd", prefix_v),
-      ),
-      (
-        score("bktngd,bkrnd->bktngr", q_BxKxTxHkxGxDh, tail_k),
-        heads(old_BxKxTxR),
-        _contract("bktngr,bkrnd->bktngd", tail_v),
-      ),
-      (
-        score("bktngd,bkund->bktngu", q_BxKxTxHkxGxDh, k_BxKxTxHkxDh.astype(tail_k.dtype)),
-        new_TxU[None, None, :, None, None, :],
-        _contract("bktngu,bkund->bktngd", v_BxKxTxHkxDh.astype(tail_v.dtype)),
-      ),
-    ]
+    prefix = (
+      score("bktngd,bsnd->bktngs", q_BxKxTxHkxGxDh, prefix_k),
+      heads(pre_BxKxTxS),
+      _contract("bktngs,bsnd->bktngd", prefix_v),
+    )
+    earlier = (
+      score("bktngd,bkrnd->bktngr", q_BxKxTxHkxGxDh, tail_k),
+      heads(old_BxKxTxR),
+      _contract("bktngr,bkrnd->bktngd", tail_v),
+    )
+    new = (
+      score("bktngd,bkund->bktngu", q_BxKxTxHkxGxDh, k_BxKxTxHkxDh.astype(tail_k.dtype)),
+      new_TxU[None, None, :, None, None, :],
+      _contract("bktngu,bkund->bktngd", v_BxKxTxHkxDh.astype(tail_v.dtype)),
+    )
+    parts = [prefix, earlier, new] if self.read_tails else [prefix, new]
     o = _softmax_parts(parts, softcap, prefix_v.dtype)
     return o.reshape(b, k, t, h, dh).astype(q_BxKxTxHxDh.dtype), (k_BxKxTxHkxDh, v_BxKxTxHkxDh)
 

@@ -64,9 +64,11 @@ class Decoder(Protocol):
     cache: KVCache,
     num_new_B: jax.Array | None = None,
     logits_at_B: jax.Array | None = None,
+    tails_empty: bool = False,
   ) -> tuple[jax.Array, KVCache]:
     """Appends T tokens to each of the K tails: (logits_BxKxTxV, or logits_BxKxV at
-    logits_at_B, and the cache)."""
+    logits_at_B, and the cache). With tails_empty (static) the caller knows every tail
+    is empty before the call, and their earlier entries are not read."""
 
   def commit(self, cache: KVCache, tail_B: jax.Array, num_B: jax.Array) -> KVCache:
     """Appends the first num_B[b] entries of tail tail_B[b] to each row's prefix."""
@@ -160,9 +162,10 @@ class TransformerDecoder:
     cache: KVCache,
     num_new_B: jax.Array | None = None,
     logits_at_B: jax.Array | None = None,
+    tails_empty: bool = False,
   ) -> tuple[jax.Array, KVCache]:
     return self._apply(
-      params, tokens_BxKxT, cache, num_new_B, logits_at_B, method=Transformer.extend
+      params, tokens_BxKxT, cache, num_new_B, logits_at_B, tails_empty, method=Transformer.extend
     )
 
   def commit(self, cache: KVCache, tail_B: jax.Array, num_B: jax.Array) -> KVCache:

@@ -173,6 +173,7 @@ class Transformer(nn.Module):
     cache: KVCache,
     num_new_B: jax.Array | None = None,
     logits_at_B: jax.Array | None = None,
+    tails_empty: bool = False,
   ) -> tuple[jax.Array, KVCache]:
     """Appends T tokens to each of the K tails of every row.
 
@@ -186,6 +187,8 @@ class Transformer(nn.Module):
       num_new_B: int, how many of the T tokens of each row are valid (default T).
       logits_at_B: int in [0, T), or None: only the logits of token logits_at_B[b] of
         each tail are computed (the output layer runs on one position per tail).
+      tails_empty: every tail is empty before this call (static; the caller knows it,
+        e.g. right after a commit): the tails' earlier entries are not attended to.
 
     Returns:
       logits_BxKxTxV (arbitrary at padded tokens), or logits_BxKxV with logits_at_B, and
@@ -197,7 +200,7 @@ class Transformer(nn.Module):
       raise ValueError(f"tokens are {b} x {k} rows x tails, the cache {cache.B} x {cache.K}")
     pos_BxKxT = cache.prefix_len[:, None, None] + cache.tail_len[:, :, None] + jnp.arange(t)
     x_BxKxTxD = self._embed(tokens_BxKxT, pos_BxKxT)
-    mode = attention.Tails(cache.prefix_len, cache.tail_len, pos_BxKxT)
+    mode = attention.Tails(cache.prefix_len, cache.tail_len, pos_BxKxT, not tails_empty)
     view = (cache.prefix_k, cache.prefix_v, cache.tail_k, cache.tail_v)
     x_BxKxTxD, (k_YxBxKxTxHkxDh, v_YxBxKxTxHkxDh) = self._stack(x_BxKxTxD, mode, view)
     num_new_B = jnp.full((b,), t, jnp.int32) if num_new_B is None else num_new_B
