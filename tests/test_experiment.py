@@ -549,14 +549,16 @@ def test_a_new_drafting_scheme_is_swept_against_every_verifier_exact_for_it(pair
   decoding = dataclasses.replace(
     sweep_config(tmp_path).decoding, drafting="toy_iid", num_prompts=2, max_new_tokens=4
   )
-  config = sweep_config(
-    tmp_path, methods=("autoregressive", *exact), num_drafts=(1, 2), draft_lens=(2,),
-    seeds=(0,), decoding=decoding,
-  )  # fmt: skip
+  grid = dict(num_drafts=(1, 2), draft_lens=(2,), seeds=(0,), decoding=decoding)
+  every = sweep_config(tmp_path, methods=("autoregressive", *exact), **grid)
+  expanded = experiment.expand(every, pair.fingerprint)
+  assert {c.method for c in expanded} == {"autoregressive", *exact}
+  # Decoded: a token-level and a block-level verifier (each program compiles apart).
+  config = sweep_config(tmp_path, methods=("autoregressive", "kseq", "gbv"), **grid)
   experiment.run_sweep(config, pair)
   records = results.load_results(config.results_path)
   ran = {r["cell"]["method"]: r["cell"] for r in records.values()}
-  assert set(ran) == {"autoregressive", *exact}
+  assert set(ran) == {"autoregressive", "kseq", "gbv"}
   assert all(c.get("drafting") == "toy_iid" for m, c in ran.items() if m != "autoregressive")
   assert "drafting" not in ran["autoregressive"]  # no drafts, no scheme: its key is kept
   labels = {r["label"] for r in report.summarize(list(records.values()))}

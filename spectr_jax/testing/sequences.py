@@ -123,7 +123,7 @@ def wor_extend(p_tab):
   vocab = p_tab.shape[-1]
   logp = jnp.log(jnp.asarray(p_tab, jnp.float32))
 
-  def extend(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None):
+  def extend(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None, tails_empty=False):
     del params, num_new_B
     depth, code_BxK = cache
     if logits_at_B is not None:  # the opening call (pending tokens): the root
