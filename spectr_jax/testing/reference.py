@@ -81,20 +81,19 @@ def enumerate_position(law_fn, p, q, k):
   return out, hit
 
 
-def optimal_lp(p, q, k):
-  """alpha*(p, q, k) by the exact transport LP over all V^k draft tuples (tiny V, k)."""
-  v = len(p)
-  tuples = list(itertools.product(range(v), repeat=k))
-  n = len(tuples) * v
+def hit_lp(outcomes, q) -> float:
+  """max P(Y in S) over couplings of a random draft set S and Y ~ q, by the exact
+  transport LP; `outcomes` lists (S as a collection of tokens, its probability)."""
+  v = len(q)
+  n = len(outcomes) * v
   cost = np.zeros(n)
-  a_eq = []
-  b_eq = []
-  for i, x in enumerate(tuples):
+  a_eq, b_eq = [], []
+  for i, (tokens, mass) in enumerate(outcomes):
     row = np.zeros(n)
     row[i * v : (i + 1) * v] = 1
     a_eq.append(row)
-    b_eq.append(np.prod(p[list(x)]))
-    for y in set(x):
+    b_eq.append(mass)
+    for y in set(tokens):
       cost[i * v + y] = -1
   for y in range(v):
     row = np.zeros(n)
@@ -104,3 +103,9 @@ def optimal_lp(p, q, k):
   res = linprog(cost, A_eq=np.array(a_eq), b_eq=np.array(b_eq), bounds=(0, None), method="highs")
   assert res.success, res.message
   return -res.fun
+
+
+def optimal_lp(p, q, k):
+  """alpha*(p, q, k) by the exact transport LP over all V^k draft tuples (tiny V, k)."""
+  tuples = itertools.product(range(len(p)), repeat=k)
+  return hit_lp([(x, np.prod(p[list(x)])) for x in tuples], q)

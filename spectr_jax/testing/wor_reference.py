@@ -29,7 +29,8 @@ acceptance of `spectr_jax.acceptance` (nothing in spectr_jax imports it). Small 
 import itertools
 
 import numpy as np
-from scipy.optimize import linprog
+
+from spectr_jax.testing import reference
 
 
 def support_size(p) -> int:
@@ -115,26 +116,7 @@ def bound_lp(p, q, k) -> float:
   for x, w in ordered_draws(p, k):
     key = tuple(sorted(x))
     sets[key] = sets.get(key, 0.0) + w
-  v = len(q)
-  keys = list(sets)
-  n = len(keys) * v
-  cost = np.zeros(n)
-  a_eq, b_eq = [], []
-  for i, s in enumerate(keys):
-    row = np.zeros(n)
-    row[i * v : (i + 1) * v] = 1
-    a_eq.append(row)
-    b_eq.append(sets[s])
-    for y in s:
-      cost[i * v + y] = -1
-  for y in range(v):
-    row = np.zeros(n)
-    row[y::v] = 1
-    a_eq.append(row)
-    b_eq.append(q[y])
-  res = linprog(cost, A_eq=np.array(a_eq), b_eq=np.array(b_eq), bounds=(0, None), method="highs")
-  assert res.success, res.message
-  return -res.fun
+  return reference.hit_lp(list(sets.items()), q)
 
 
 def multiset_law(p_tab, k, draft_len) -> dict[tuple[int, ...], float]:
