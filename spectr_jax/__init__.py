@@ -52,6 +52,7 @@ _EXPORTS = {
   "TrainConfig": "config",
   "PairConfig": "config",
   "DecodeSettings": "config",
+  "DecodeSpec": "config",
   "SweepConfig": "config",
   "AnalysisConfig": "config",
   "RhoAblationConfig": "config",

@@ -1,7 +1,7 @@
 """(p, q) along decoded trajectories, and the rho ablation on these real distributions.
 
 `collect_trajectories` samples continuations of prompts from the target with
-`engine.generate(method="autoregressive")` (the law that exact speculative decoding
+`engine.generate` (method "autoregressive") (the law that exact speculative decoding
 outputs, with every sampling transform applied) and records, at every sampled position,
 the draft's next-token distribution p and the target's q under the same transforms:
 what a verifier sees there. `rho_ablation` evaluates each K-SEQ split-factor strategy on
@@ -28,6 +28,7 @@ from spectr_jax import engine, experiment, locks, methods, pairs, results, sampl
 from spectr_jax.config import (
   AnalysisConfig,
   DecodeSettings,
+  DecodeSpec,
   RhoAblationConfig,
   SweepConfig,
   rhos_for,
@@ -132,17 +133,20 @@ def collect_trajectories(
   Returns:
     The trajectories (device arrays).
   """
+  spec = DecodeSpec(
+    method="autoregressive",
+    max_new_tokens=num_tokens,
+    temperature=temperature,
+    top_k=top_k or 0,
+    top_p=1.0 if top_p is None else top_p,
+  )
   out = engine.generate(
     key,
+    spec,
     draft=None,
     target=target,
     prompts=prompts.tokens_BxP,
     prompt_lengths=prompts.lengths_B,
-    method="autoregressive",
-    max_new_tokens=num_tokens,
-    temperature=temperature,
-    top_k=top_k,
-    top_p=top_p,
     prompt_ids=prompt_ids,
   )
   b, width = prompts.tokens_BxP.shape
@@ -269,16 +273,15 @@ def _chunk_positions(pair: pairs.Pair, prompts: Prompts, rows: slice, config, se
                      decoding: DecodeSettings) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
   """(p_XxV, q_XxV) at the kept positions of the trajectories of prompts `rows`."""
   chunk = Prompts(*(x[rows] for x in dataclasses.astuple(prompts)))
-  sampling_args = decoding.sampling_args()
   traj = collect_trajectories(
     pair.draft,
     pair.target,
     chunk,
     config.num_tokens,
     jax.random.key(seed),
-    sampling_args["temperature"],
-    sampling_args["top_k"],
-    sampling_args["top_p"],
+    decoding.temperature,
+    decoding.top_k or None,
+    None if decoding.top_p >= 1 else decoding.top_p,
     prompt_ids=jnp.arange(rows.start, rows.stop, dtype=jnp.int32),
     special=pair.special,
   )

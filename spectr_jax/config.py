@@ -24,6 +24,7 @@ so loading a config file does not either.
 """
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -98,7 +99,9 @@ def build(cls: type, values: Mapping[str, Any], where: str = "") -> Any:
     ValueError: naming a field that `cls` (at `where`, e.g. "SweepConfig.decoding") lacks.
   """
   where = where or cls.__name__
-  values = dict(values)
+  fields = dataclasses.fields(cls)
+  renamed = {f.metadata[STORED_AS]: f.name for f in fields if STORED_AS in f.metadata}
+  values = {renamed.get(name, name): value for name, value in values.items()}
   fields = {f.name for f in dataclasses.fields(cls)}
   unknown = set(values) - fields
   if unknown:
@@ -284,7 +287,7 @@ class DistillConfig(Schema):
     return counts
 
   def transform(self) -> dict[str, Any]:
-    """The `sampling.transform_probs` / `engine.generate` keyword arguments."""
+    """The `sampling.transform_probs` keyword arguments."""
     return dict(
       temperature=float(self.temperature),
       top_k=self.top_k or None,
@@ -457,17 +460,249 @@ class PairConfig(Schema):
 # Metadata of a config field whose default value is left out of a cell's key
 # (`DecodeSettings.cell_fields`).
 KEY_WHEN_SET = "key_when_set"
+# Metadata of a renamed config field: the name records hold it under (and config files
+# written before the rename use; `build` takes either).
+STORED_AS = "stored_as"
 # The tree shapes a sweep can ask of a drafting scheme that takes one: its default, or
-# `drafting.PROPORTIONAL` (named here, since this module imports no JAX code; a static
-# branching fits one K and L only, so it is `engine.generate`'s and bench_tree.py's).
-SWEEP_BRANCHINGS = ("", "proportional")
-# `DecodeSettings.layer_stack` -> `engine.generate(scan_layers=...)`.
+# `methods.PROPORTIONAL` (a static branching fits one K and L only: a `DecodeSpec`'s).
+SWEEP_BRANCHINGS = ("", methods.PROPORTIONAL)
+# `DecodeSpec.layer_stack` -> the models' `scan_layers` (`DecodeSpec.scan_layers`).
 LAYER_STACKS = {"auto": None, "scan": True, "unroll": False}
+
+
+def _eos_tuple(eos_ids: Any) -> tuple[int, ...]:
+  """The stop tokens as a tuple: None or () for none, one id, or a sequence of ids."""
+  if eos_ids is None:
+    return ()
+  if isinstance(eos_ids, Sequence) and not isinstance(eos_ids, str):
+    return tuple(eos_ids)
+  return (eos_ids,)
+
+
+def _branching(value: Any) -> str | tuple[int, ...]:
+  """A tree shape as the spec holds it: "" (the scheme's default), "proportional", or a
+  tuple of children per depth (from a sequence or text such as "4x2x1x1")."""
+  if value is None:
+    return ""
+  if isinstance(value, str):
+    if value in ("", methods.PROPORTIONAL):
+      return value
+    try:
+      return tuple(int(b) for b in value.split("x"))
+    except ValueError:
+      raise ValueError(
+        f"branching must be '', {methods.PROPORTIONAL!r} or children per depth such as "
+        f"'4x2x1x1', got {value!r}"
+      ) from None
+  if isinstance(value, Sequence):
+    return tuple(value)
+  raise ValueError(f"branching must be a string or a sequence of integers, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec(Schema):
+  """What `engine.generate` decodes: the one decode specification, validated here.
+
+  Config files, sweeps (`DecodeSettings.spec`), the engine, `engine.lower` and the
+  benchmarks (`DecodeSpec.parse`) all describe a decode with it. Three independent axes
+  name what a round does: the verifier (`method`), how its drafts are drawn (`drafting`)
+  and, for a scheme that draws a tree, the tree's shape (`branching`).
+
+  Vocabulary (one meaning each): the *tree* of a round is the prefix tree of its K
+  drafts (`spectr_jax.tree`); `branching` is the shape a tree drafting scheme draws it
+  in; `dedup` scores and drafts that tree's distinct prefixes once instead of K tails.
+
+  Attributes:
+    method: the verifier, a name of the method registry (`spectr_jax.methods`):
+      "autoregressive" (target only, one token per round), "sd", "kseq" (SpecTr),
+      "specinfer", "optimal", "rrs", "block", "gbv", "gbv_tp", "traversal".
+    num_drafts: K, draft sequences per round (1 for "autoregressive").
+    draft_len: L, draft tokens per sequence (0 for "autoregressive").
+    drafting: the drafting scheme (a name in `methods.DRAFTING`, e.g. "iid", "wor");
+      "" for the method's own. The method must be exact for its law
+      (`methods.Method.exact_for`): other pairs are refused, naming why.
+    branching: for a scheme that draws a tree (`methods.Drafting.branches`), its
+      children per node at each depth (L integers whose product is K, e.g. (4, 2, 1, 1),
+      or the text "4x2x1x1"), "proportional" (`methods.PROPORTIONAL`: shaped by the
+      draft's path probabilities) or "" for the scheme's default.
+    rho: the split factor of a method that takes one (K-SEQ): "star", "k" or a number
+      in [1, K] (traced: one program serves every number); ignored by the others.
+    max_new_tokens: T, tokens generated per row (fewer when a stop token is emitted);
+      it sets the program's buffers (one program per value).
+    token_limit: stop each row after this many tokens, in [1, max_new_tokens] (traced:
+      one program serves every limit); None = max_new_tokens.
+    temperature: >= 0 (0 is greedy, compiled apart from sampling; other temperatures
+      share one program).
+    top_k: keep the top_k most likely tokens (0 = all; static).
+    top_p: nucleus mass in (0, 1] (1 = no truncation; other values share one program).
+    eos_ids: the stop tokens (any of them ends a row); () for none. One id is taken too.
+    dedup: score each round's drafts as their deduplicated tree (one target position per
+      distinct prefix) and draft them as one, instead of K tails: the same output law
+      for every method, fewer target and draft positions.
+    layer_stack: how the models' layers run: "scan" (one compiled layer under
+      `lax.scan`; compiles fast), "unroll", or "auto" (scan models of
+      `models.layout.SCAN_MIN_LAYERS` layers or more). The same tokens, to rounding.
+
+  `DecodeSpec.parse("kseq:8:4")` reads the benchmarks' short form.
+  """
+
+  method: str = "kseq"
+  num_drafts: int = 1
+  draft_len: int = 4
+  drafting: str = ""
+  branching: str | tuple[int, ...] = ""
+  rho: str | float = "star"
+  max_new_tokens: int = 32
+  token_limit: int | None = None
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  eos_ids: tuple[int, ...] = ()
+  dedup: bool = False
+  layer_stack: str = "auto"
+
+  def __post_init__(self):
+    record = methods.get(self.method)
+    set_ = functools.partial(object.__setattr__, self)
+    _integers("max_new_tokens", [self.max_new_tokens], 1)
+    if not record.speculative:  # nothing drafted: one spec (and program) however named
+      for name, value in (("num_drafts", 1), ("draft_len", 0), ("drafting", ""),
+                          ("branching", ""), ("rho", "star"), ("dedup", False)):  # fmt: skip
+        set_(name, value)
+    _integers("num_drafts", [self.num_drafts], 1)
+    _integers("draft_len", [self.draft_len], 1 if record.speculative else 0)
+    record.check_drafts(self.num_drafts)
+    if not isinstance(self.drafting, str):
+      raise ValueError(f"drafting must be a scheme name or '', got {self.drafting!r}")
+    scheme = methods.scheme(self.method, self.drafting)  # refuses an inexact pair
+    # "" for the method's own scheme: one spec (and program) however it is named.
+    set_("drafting", "" if scheme is None or scheme.name == record.drafting else scheme.name)
+    set_("branching", _branching(self.branching))
+    if self.branching != "":
+      if scheme is None or not scheme.branches:
+        name = "no drafts" if scheme is None else f"scheme {scheme.name!r}"
+        raise ValueError(f"method {self.method!r} with {name} draws no tree: branching must be ''")
+      methods.check_branching(self.branching, self.num_drafts, self.draft_len)
+    set_("rho", methods.check_rho(self.rho) if record.takes_rho else "star")
+    if not isinstance(self.rho, str) and self.rho > self.num_drafts:
+      raise ValueError(
+        f"rho must be 'star', 'k' or a number in [1, K = {self.num_drafts}], got {self.rho}"
+      )
+    if self.token_limit is not None:
+      _integers("token_limit", [self.token_limit], 1)
+      if self.token_limit > self.max_new_tokens:
+        raise ValueError(
+          f"token_limit must lie in [1, max_new_tokens = {self.max_new_tokens}], "
+          f"got {self.token_limit}"
+        )
+    if not (isinstance(self.temperature, numbers.Real) and 0 <= self.temperature < math.inf):
+      raise ValueError(f"temperature must be finite and >= 0, got {self.temperature!r}")
+    _integers("top_k", [self.top_k], 0)
+    if not (isinstance(self.top_p, numbers.Real) and 0 < self.top_p <= 1):
+      raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+    set_("eos_ids", _eos_tuple(self.eos_ids))
+    _integers("eos_ids", self.eos_ids, 0)
+    if not isinstance(self.dedup, bool):
+      raise ValueError(f"dedup must be true or false, got {self.dedup!r}")
+    if self.layer_stack not in LAYER_STACKS:
+      raise ValueError(
+        f"layer_stack must be one of {tuple(LAYER_STACKS)}, got {self.layer_stack!r}"
+      )
+    # Normalise the types, so equal specs hash (and key programs) equally.
+    set_("temperature", float(self.temperature))
+    set_("top_p", float(self.top_p))
+    set_("dedup", self.dedup and self.draft_len > 0)
+
+  @property
+  def speculative(self) -> bool:
+    """Whether it verifies drafts (every method but "autoregressive")."""
+    return methods.get(self.method).speculative
+
+  @property
+  def scheme(self) -> "methods.Drafting | None":
+    """The drafting scheme its drafts come from (None for "autoregressive")."""
+    return methods.scheme(self.method, self.drafting)
+
+  @property
+  def scan_layers(self) -> bool | None:
+    """`layer_stack` as the models take it: True (scan), False (unroll), None (auto)."""
+    return LAYER_STACKS[self.layer_stack]
+
+  @property
+  def greedy(self) -> bool:
+    """Whether it decodes greedily (temperature 0)."""
+    return self.temperature <= 0
+
+  def replace(self, **changes) -> "DecodeSpec":
+    """A copy with `changes`, validated again."""
+    return dataclasses.replace(self, **changes)
+
+  def check_models(self, target: ModelConfig, draft: ModelConfig | None, prompt_width: int) -> None:
+    """Raises a clear error where the spec does not fit the models: no draft for a
+    speculative method, vocabularies that differ, top_k or a stop token outside the
+    vocabulary, or prompt_width + max_new_tokens + L + 1 positions beyond a max_len."""
+    if self.speculative and draft is None:
+      raise ValueError(f"method {self.method!r} needs a draft model")
+    if self.speculative and draft.num_logits != target.num_logits:
+      raise ValueError(
+        f"draft and target vocabularies differ: {draft.num_logits} vs {target.num_logits}"
+      )
+    if self.top_k > target.num_logits:
+      raise ValueError(f"top_k = {self.top_k} exceeds the vocabulary ({target.num_logits})")
+    for eos in self.eos_ids:
+      if eos >= target.num_logits:
+        raise ValueError(
+          f"every value of eos_ids must lie in [0, {target.num_logits - 1}], got {eos}"
+        )
+    needed = prompt_width + self.max_new_tokens + self.draft_len + 1
+    for name, model in (("target", target), ("draft", draft if self.speculative else None)):
+      if model is not None and needed > model.max_len:
+        raise ValueError(
+          f"prompt width {prompt_width} + max_new_tokens {self.max_new_tokens} + "
+          f"draft_len + 1 = {needed} exceeds the {name}'s max_len {model.max_len}"
+        )
+
+  @classmethod
+  def parse(cls, text: str, **fields) -> "DecodeSpec":
+    """The spec of the benchmarks' short form `method[/drafting]:K:L[:branching]`, e.g.
+    "kseq:8:4", "rrs:8:4:4x2x1x1", "sd/iid:1:4", "autoregressive"; `fields` set the
+    rest (max_new_tokens, temperature, ...).
+
+    Raises:
+      ValueError: naming the text and the form it should have.
+    """
+    parts = text.split(":")
+    method, _, drafting = parts[0].partition("/")
+    try:
+      if len(parts) > 4 or (len(parts) not in (1, 3, 4)):
+        raise ValueError("expected 1, 3 or 4 fields")
+      sizes = dict(num_drafts=int(parts[1]), draft_len=int(parts[2])) if len(parts) > 1 else {}
+    except ValueError as error:
+      raise ValueError(
+        f"{text!r}: expected method[/drafting]:K:L[:branching] (e.g. 'kseq:8:4', "
+        f"'rrs/wor:8:4:4x2x1x1') or a method alone ({error})"
+      ) from None
+    branching = parts[3] if len(parts) == 4 else fields.pop("branching", "")
+    return cls(method=method, drafting=drafting, branching=branching, **sizes, **fields)
+
+  def label(self) -> str:
+    """The short form `parse` reads (with rho where it is not "star", dedup marked)."""
+    text = self.method + (f"/{self.drafting}" if self.drafting else "")
+    if self.speculative:
+      text += f":{self.num_drafts}:{self.draft_len}"
+      if self.branching:
+        shape = self.branching
+        text += ":" + (shape if isinstance(shape, str) else "x".join(map(str, shape)))
+    if self.rho != "star":
+      text += f" rho={self.rho}"
+    return text + (" dedup" if self.dedup else "")
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings(Schema):
-  """How prompts are drawn and decoded (everything of a cell but method, K, L, rho, seed).
+  """How a sweep's prompts are drawn and decoded (everything of a cell but method, K, L,
+  rho and seed): `spec` makes each cell's `DecodeSpec`, which validates the fields they
+  share.
 
   Attributes:
     temperature: sampling temperature of both models (0 is greedy).
@@ -477,21 +712,21 @@ class DecodeSettings(Schema):
     prompt_len: sentence tokens per prompt (after BOS).
     max_new_tokens: tokens generated per prompt.
     stop_at_eos: stop a row at EOS (False: decode on into the next sentence).
-    tree: score each round's K drafts as their token tree (`engine.generate(tree=True)`:
-      the same output law, each distinct prefix scored once).
-    branching: the tree a drafting scheme that takes one draws (`engine.generate(
-      branching=...)`, "rrs"): "" for its default, or "proportional" (shaped by the
-      draft's probabilities, any K and L). Cells of other schemes ignore it.
-    layer_stack: how the models' layers run (`engine.generate(scan_layers=...)`): "scan"
-      (one compiled layer under `lax.scan`), "unroll", or "auto" (scan models of 8 layers
-      or more). The output law is the same; only compile and step times move.
-    drafting: the drafting scheme of every speculative cell (`engine.generate(drafting=
-      ...)`, a name in `methods.DRAFTING`); "" for each method's default. A sweep's
-      methods must be exact for it (`methods.exact_for(drafting)` lists them).
+    dedup: score and draft each round's drafts as their deduplicated tree
+      (`DecodeSpec.dedup`; config files and records written before the name call it
+      "tree").
+    branching: the tree a drafting scheme that takes one draws (`DecodeSpec.branching`):
+      "" for its default, or "proportional" (shaped by the draft's probabilities, any K
+      and L). Cells of other schemes ignore it.
+    layer_stack: how the models' layers run (`DecodeSpec.layer_stack`).
+    drafting: the drafting scheme of every speculative cell (`DecodeSpec.drafting`); ""
+      for each method's default. A sweep's methods must be exact for it
+      (`methods.exact_for(drafting)` lists them).
 
   A field added after results were first stored carries `KEY_WHEN_SET` in its metadata:
   a cell's record (and so its key) holds it only where it differs from its default, so
-  the cells stored before it keep their keys (`cell_fields`).
+  the cells stored before it keep their keys (`cell_fields`). A renamed field carries
+  its stored name (`STORED_AS`), which records keep and config files may still use.
   """
 
   temperature: float = 1.0
@@ -501,7 +736,7 @@ class DecodeSettings(Schema):
   prompt_len: int = 8
   max_new_tokens: int = 64
   stop_at_eos: bool = False
-  tree: bool = dataclasses.field(default=False, metadata={KEY_WHEN_SET: True})
+  dedup: bool = dataclasses.field(default=False, metadata={KEY_WHEN_SET: True, STORED_AS: "tree"})
   branching: str = dataclasses.field(default="", metadata={KEY_WHEN_SET: True})
   layer_stack: str = dataclasses.field(default="auto", metadata={KEY_WHEN_SET: True})
   drafting: str = dataclasses.field(default="", metadata={KEY_WHEN_SET: True})
@@ -509,55 +744,61 @@ class DecodeSettings(Schema):
   def __post_init__(self):
     _integers("num_prompts", [self.num_prompts], 1)
     _integers("prompt_len", [self.prompt_len], 1)
-    _integers("max_new_tokens", [self.max_new_tokens], 1)
-    _integers("top_k", [self.top_k], 0)
-    if not (isinstance(self.temperature, numbers.Real) and 0 <= self.temperature < math.inf):
-      raise ValueError(f"temperature must be finite and >= 0, got {self.temperature!r}")
-    if not (isinstance(self.top_p, numbers.Real) and 0 < self.top_p <= 1):
-      raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
-    for name in ("stop_at_eos", "tree"):
-      if not isinstance(getattr(self, name), bool):
-        raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+    if not isinstance(self.stop_at_eos, bool):
+      raise ValueError(f"stop_at_eos must be true or false, got {self.stop_at_eos!r}")
     if self.branching not in SWEEP_BRANCHINGS:
       raise ValueError(f"branching must be one of {SWEEP_BRANCHINGS}, got {self.branching!r}")
-    if self.layer_stack not in LAYER_STACKS:
-      raise ValueError(
-        f"layer_stack must be one of {tuple(LAYER_STACKS)}, got {self.layer_stack!r}"
-      )
     if self.drafting:
       methods.get_drafting(self.drafting)
+    if not isinstance(self.dedup, bool):
+      raise ValueError(f"dedup must be true or false, got {self.dedup!r}")
+    # The fields a DecodeSpec shares are checked by it (one place).
+    DecodeSpec(method="autoregressive", **self._shared())
     # Normalise the types, so equal settings hash (and key cells) equally.
     object.__setattr__(self, "temperature", float(self.temperature))
     object.__setattr__(self, "top_k", int(self.top_k))
     object.__setattr__(self, "top_p", float(self.top_p))
 
+  def _shared(self) -> dict[str, Any]:
+    return dict(
+      temperature=self.temperature,
+      top_k=self.top_k,
+      top_p=self.top_p,
+      max_new_tokens=self.max_new_tokens,
+      layer_stack=self.layer_stack,
+    )
+
   def cell_fields(self) -> dict[str, Any]:
-    """The settings as a cell's record holds them: every field, except a `KEY_WHEN_SET`
-    field at its default."""
+    """The settings as a cell's record holds them: every field by its stored name,
+    except a `KEY_WHEN_SET` field at its default."""
     return {
-      f.name: getattr(self, f.name)
+      f.metadata.get(STORED_AS, f.name): getattr(self, f.name)
       for f in dataclasses.fields(self)
       if not (f.metadata.get(KEY_WHEN_SET) and getattr(self, f.name) == f.default)
     }
 
-  def sampling_args(self, eos_ids: Sequence[int] = (EOS_ID,)) -> dict[str, Any]:
-    """The `engine.generate` arguments these settings fix: temperature, top_k, top_p,
-    eos_id (None where there is no truncation or no stop token), tree, branching (None
-    for the scheme's default), scan_layers (None for "auto") and drafting (None for each
-    method's default).
+  def spec(
+    self, method: str, num_drafts: int = 1, draft_len: int = 0, rho: str | float = "star",
+    eos_ids: Sequence[int] = (EOS_ID,),
+  ) -> DecodeSpec:  # fmt: skip
+    """The `DecodeSpec` of one cell: these settings with its method, K, L and rho; the
+    pair's stop tokens (`Pair.special.eos`) where `stop_at_eos`; `branching` for a
+    scheme that draws a tree (ignored by others), `dedup` for cells with drafts.
 
-    Args:
-      eos_ids: the pair's stop tokens (`Pair.special.eos`).
+    Raises:
+      ValueError: the spec's own (e.g. a method not exact for `drafting`).
     """
-    return dict(
-      temperature=self.temperature,
-      top_k=self.top_k or None,
-      top_p=None if self.top_p >= 1 else self.top_p,
-      eos_id=tuple(eos_ids) if self.stop_at_eos else None,
-      tree=self.tree,
-      branching=self.branching or None,
-      scan_layers=LAYER_STACKS[self.layer_stack],
-      drafting=self.drafting or None,
+    scheme = methods.scheme(method, self.drafting)
+    return DecodeSpec(
+      method=method,
+      num_drafts=num_drafts,
+      draft_len=draft_len,
+      drafting=self.drafting,
+      branching=self.branching if scheme is not None and scheme.branches else "",
+      rho=rho,
+      eos_ids=tuple(eos_ids) if self.stop_at_eos else (),
+      dedup=self.dedup,
+      **self._shared(),
     )
 
 
@@ -660,21 +901,19 @@ class SweepConfig(Schema):
           )
 
   def _check_models(self) -> None:
-    """The grid against the pair's models (vocabulary, max_len), before any is loaded."""
-    settings = self.decoding
-    speculative = any(methods.get(m).speculative for m in self.methods)
-    longest = max(self.draft_lens) if speculative else 0
-    needed = settings.prompt_len + 1 + settings.max_new_tokens + longest + 1
-    for model in self.pair.model_configs():
-      if settings.top_k > model.vocab_size:
-        raise ValueError(
-          f"decoding.top_k = {settings.top_k} exceeds the vocabulary ({model.vocab_size})"
-        )
-      if needed > model.max_len:
-        raise ValueError(
-          f"decoding.prompt_len + 1 + max_new_tokens + max(draft_lens) + 1 = {needed} "
-          f"exceeds the pair's max_len {model.max_len}"
-        )
+    """The grid against the pair's models (vocabulary, max_len), before any is loaded:
+    the spec of the longest cell checked against each model known (`DecodeSpec.
+    check_models`)."""
+    speculative = [m for m in self.methods if methods.get(m).speculative]
+    method = speculative[0] if speculative else self.methods[0]
+    k = methods.get(method).grid_drafts(self.num_drafts)[0]
+    spec = self.decoding.spec(method, k, max(self.draft_lens) if speculative else 0)
+    known = self.pair.model_configs()  # [draft, target] where both are known
+    for draft, target in [tuple(known)] if len(known) == 2 else [(m, m) for m in known]:
+      try:
+        spec.check_models(target, draft if spec.speculative else None, self.decoding.prompt_len + 1)
+      except ValueError as error:
+        raise ValueError(f"decoding: {error}") from None
 
   @property
   def results_path(self) -> pathlib.Path:

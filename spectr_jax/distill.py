@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spectr_jax import acceptance, engine, runs, sampling
-from spectr_jax.config import DISTILL_SOURCES, DistillConfig, TrainConfig, resolve
+from spectr_jax.config import DISTILL_SOURCES, DecodeSpec, DistillConfig, TrainConfig, resolve
 from spectr_jax.data import PAD_ID, Dataset, TokenizedSplit, make_prompts
 from spectr_jax.models import ModelBundle, Transformer
 
@@ -127,16 +127,21 @@ def continue_prompts(
     tokens_BxW (W = P + T: prompt, samples, then PAD) and pos_BxT, the position of each
     sample in its row.
   """
+  spec = DecodeSpec(
+    method="autoregressive",
+    max_new_tokens=num_tokens,
+    temperature=config.temperature,
+    top_k=config.top_k,
+    top_p=config.top_p,
+  )
   out = engine.generate(
     key,
+    spec,
     draft=None,
     target=model,
     prompts=prompts_BxP,
     prompt_lengths=lengths_B,
-    method="autoregressive",
-    max_new_tokens=num_tokens,
     prompt_ids=prompt_ids_B,
-    **config.transform(),
   )
   b, width = np.shape(prompts_BxP)
   pos_BxT = jnp.asarray(lengths_B, jnp.int32)[:, None] + jnp.arange(num_tokens)[None, :]

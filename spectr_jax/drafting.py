@@ -14,7 +14,8 @@ the verifier needs. The method registry (`spectr_jax.methods.DRAFTING`) names th
 of each method; `rounds.draft` calls it.
 
 With `take_tails` (the decoder's (cache, tails_BxW) -> cache of those W tails) the draft
-computes each prefix that every draw of the scheme shares once (`tree=True` rounds): the
+computes each prefix that every draw of the scheme shares once (dedup rounds,
+`DecodeSpec.dedup`): the
 K tails are empty when a round's drafting starts, so the opening call (the pending
 tokens, the same for every tail) runs on one tail, and where a static tree's nodes hold
 several tails (branching (4, 2, 1, 1): 4 nodes at depth 1), one tail per node computes
@@ -38,7 +39,6 @@ fold_in(fold_in(row key, t), k) (`draft_keys_LxBxK`).
 """
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spectr_jax import sampling
+from spectr_jax.methods import PROPORTIONAL, check_branching
 
 __all__ = [
   "Drafts",
@@ -135,28 +136,6 @@ def distinct_tokens(key_K, p_V):
 def default_branching(num_drafts: int, draft_len: int) -> tuple[int, ...]:
   """(K, 1, ..., 1): K distinct first tokens, each path continuing alone."""
   return (num_drafts,) + (1,) * (draft_len - 1)
-
-
-PROPORTIONAL = "proportional"
-
-
-def check_branching(branching, num_drafts: int, draft_len: int) -> None:
-  """Raises a clear error unless `branching` is L integers >= 1 whose product is K, or
-  `PROPORTIONAL` (a tree shaped by the draft's path probabilities: `_proportional`)."""
-  if branching == PROPORTIONAL:
-    return
-  if not (
-    isinstance(branching, tuple)
-    and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in branching)
-  ):
-    raise ValueError(
-      f"branching must be a tuple of integers >= 1 or {PROPORTIONAL!r}, got {branching!r}"
-    )
-  if len(branching) != draft_len or math.prod(branching) != num_drafts:
-    raise ValueError(
-      f"branching {branching} must have draft_len = {draft_len} entries whose product is "
-      f"num_drafts = {num_drafts} (one path per leaf)"
-    )
 
 
 def check_distinct(drafts_KxL) -> None:

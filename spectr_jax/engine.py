@@ -22,8 +22,6 @@ hit (L + 1 tokens) it has two pending tokens, fed together at the start of the n
 """
 
 import functools
-import inspect
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -31,13 +29,22 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spectr_jax import acceptance, checks, methods, rounds, sharding, verify
-from spectr_jax.drafting import check_branching
-from spectr_jax.models import ModelBundle, check_params
-from spectr_jax.rounds import DecodeSpec, DecodeStats, Traced
+from spectr_jax import acceptance, checks, methods, rounds, sharding
+from spectr_jax.config import DecodeSpec
+from spectr_jax.models import ModelBundle, ModelConfig, check_params
+from spectr_jax.rounds import DecodeStats, Traced
 from spectr_jax.sharding import DATA_AXIS
 
-__all__ = ["DecodeSpec", "DecodeStats", "GenerateOutput", "compiled_program", "generate"]
+__all__ = [
+  "DecodeSpec",
+  "DecodeStats",
+  "GenerateOutput",
+  "compiled_program",
+  "generate",
+  "lower",
+  "round_spec",
+  "traced_values",
+]
 
 
 class GenerateOutput(NamedTuple):
@@ -72,9 +79,9 @@ def _decode(
 
 
 @functools.cache
-def compiled_program(spec: DecodeSpec, mesh: jax.sharding.Mesh | None = None):
-  """The jitted program that `generate` runs for `spec` (cached; for inspecting its HLO,
-  memory or profile): (key, prompt_ids_B, prompts_BxP, lengths_B, draft_params,
+def compiled_program(spec: rounds.RoundSpec, mesh: jax.sharding.Mesh | None = None):
+  """The jitted program that `generate` runs for `spec` (`round_spec`; cached; for
+  inspecting its HLO, memory or profile): (key, prompt_ids_B, prompts_BxP, lengths_B, draft_params,
   target_params, traced) -> GenerateOutput."""
   lockstep = sharding.model_size(mesh) > 1
   fn = functools.partial(_decode, spec, lockstep)
@@ -130,52 +137,6 @@ def compiler_options(mesh: jax.sharding.Mesh | None = None) -> dict[str, bool | 
 GPU_COMMAND_BUFFER = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
 
 
-def _check_method(draft, target, method, num_drafts, draft_len, rho):
-  """The method, K, L, rho and the draft (see `generate`)."""
-  record = methods.get(method)
-  for name, value, low in (("num_drafts", num_drafts, 1), ("draft_len", draft_len, 0)):
-    checks.integer(name, value, low)
-  if record.speculative:
-    if draft is None:
-      raise ValueError(f"method {method!r} needs a draft model")
-    verify.check_method(method, num_drafts)
-    if draft_len < 1:
-      raise ValueError(f"draft_len must be >= 1 for method {method!r}, got {draft_len}")
-    if draft.config.num_logits != target.config.num_logits:
-      raise ValueError(
-        f"draft and target vocabularies differ: {draft.config.num_logits} vs "
-        f"{target.config.num_logits}"
-      )
-  fixed = record.takes_rho and not isinstance(rho, str) and checks.is_concrete(rho)
-  if fixed and np.ndim(rho) == 0 and np.isfinite(rho):
-    if float(rho) > num_drafts:
-      raise ValueError(f"rho must be 'star', 'k' or a number in [1, K = {num_drafts}], got {rho}")
-
-
-def _check_sampling(vocab_size, max_new_tokens, temperature, top_k, top_p, eos_id):
-  """max_new_tokens, temperature, top_k, top_p and eos_id (see `generate`)."""
-  checks.integer("max_new_tokens", max_new_tokens, 1)
-  if checks.is_concrete(temperature) and not 0 <= float(temperature) < float("inf"):
-    raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-  if top_k is not None:
-    checks.integer("top_k", top_k, 1, vocab_size)
-  if top_p is not None and checks.is_concrete(top_p) and not 0 < float(top_p) <= 1:
-    raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
-  for eos in _eos_ids(eos_id):
-    checks.integer("eos_id", eos, 0, vocab_size - 1)
-
-
-def _eos_ids(eos_id: int | Sequence[int] | None) -> tuple[int, ...]:
-  """The stop tokens as a tuple: none, one id, or a set of ids (Llama 3, Gemma)."""
-  if eos_id is None:
-    return ()
-  if isinstance(eos_id, Sequence) and not isinstance(eos_id, str):
-    if not eos_id:
-      raise ValueError("eos_id must be None, an id or a non-empty sequence of ids, got []")
-    return tuple(eos_id)
-  return (eos_id,)
-
-
 def _check_prompts(vocab_size, prompts, prompt_lengths, prompt_ids):
   """Shapes, dtypes and values of prompts, prompt_lengths and prompt_ids."""
   checks.shape("prompts", prompts, (None, None))
@@ -196,24 +157,6 @@ def _check_prompts(vocab_size, prompts, prompt_lengths, prompt_ids):
     checks.int32_values("prompt_ids", prompt_ids)
 
 
-def _check_inputs(key, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
-                  max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids):  # fmt: skip
-  checks.prng_key("key", key)
-  _check_method(draft, target, method, num_drafts, draft_len, rho)
-  for name, bundle in (("target", target), ("draft", draft if draft_len else None)):
-    if bundle is not None:
-      check_params(bundle, name)
-  _check_sampling(target.config.num_logits, max_new_tokens, temperature, top_k, top_p, eos_id)
-  _check_prompts(target.config.vocab_size, prompts, prompt_lengths, prompt_ids)
-  needed = np.shape(prompts)[1] + max_new_tokens + draft_len + 1
-  for name, bundle in (("target", target), ("draft", draft)):
-    if bundle is not None and needed > bundle.config.max_len:
-      raise ValueError(
-        f"prompt width {np.shape(prompts)[1]} + max_new_tokens {max_new_tokens} + "
-        f"draft_len + 1 = {needed} exceeds the {name}'s max_len {bundle.config.max_len}"
-      )
-
-
 def _pad_rows(pad: int, prompts_BxP, lengths_B, ids_B):
   """Appends `pad` dummy rows (length 1) so the batch splits evenly over a mesh."""
   prompts_BxP = jnp.pad(prompts_BxP, ((0, pad), (0, 0)))
@@ -222,173 +165,132 @@ def _pad_rows(pad: int, prompts_BxP, lengths_B, ids_B):
 
 def generate(
   key: jax.Array,
+  spec: DecodeSpec,
   *,
   draft: ModelBundle | None,
   target: ModelBundle,
   prompts: jax.Array,
   prompt_lengths: jax.Array,
-  method: str = "kseq",
-  num_drafts: int = 1,
-  draft_len: int = 4,
-  max_new_tokens: int = 32,
-  token_limit: int | None = None,
-  temperature: float = 1.0,
-  top_k: int | None = None,
-  top_p: float | None = None,
-  eos_id: int | Sequence[int] | None = None,
-  rho="star",
   prompt_ids: jax.Array | None = None,
   mesh: jax.sharding.Mesh | None = None,
-  tree: bool = False,
-  branching: Sequence[int] | str | None = None,
-  scan_layers: bool | None = None,
-  drafting: str | None = None,
 ) -> GenerateOutput:
-  """Decodes a batch of prompts with speculative decoding (or autoregressively).
+  """Decodes a batch of prompts as `spec` says (speculatively, or autoregressively).
 
   Args:
     key: PRNG key (`jax.random.key`; a raw `jax.random.PRNGKey` is taken as the same
       bits); row b uses fold_in(key, prompt_ids[b]), so its output does not depend
       on the batch it is in, its padding or the sharding.
+    spec: what to decode (`config.DecodeSpec`: the verifier, drafting scheme, tree
+      shape, K, L, rho, sampling, stop tokens, token counts, layer stack). Specs that
+      differ only in temperature > 0, top_p < 1, rho's number or token_limit share one
+      compiled program.
     draft: the draft model bundle (None for "autoregressive").
     target: the target model bundle. Both are decoded as `ModelBundle.for_decoding`
       holds them (weights in the compute dtype, layers stacked or split as
-      `scan_layers` runs them): load them that way (`pairs.load_pair`,
+      `spec.layer_stack` runs them): load them that way (`pairs.load_pair`,
       `runs.load_bundle(for_decoding=True)`), else every call converts them first.
     prompts: B x P int token ids, right-padded.
     prompt_lengths: B ints in [1, P].
-    method: a name of the method registry (`spectr_jax.methods`): "autoregressive"
-      (target only, one token per round), "sd" (K = 1), "kseq" (SpecTr), "specinfer",
-      "optimal", "rrs", "block" (K = 1), "gbv", "gbv_tp", "traversal".
-    num_drafts: K. draft_len: L (ignored by "autoregressive").
-    max_new_tokens: T, tokens generated per row (fewer when EOS is emitted); it sets the
-      program's buffers (one compile per value).
-    token_limit: stop each row after this many tokens, in [1, max_new_tokens] (traced:
-      one program serves every limit; None = max_new_tokens).
-    temperature: >= 0, a number (0 is greedy: compiled apart from sampling; other
-      temperatures share one program). top_k: static int or None.
-    top_p: in (0, 1] or None (traced). eos_id: stop token, a sequence of stop tokens
-      (any of them ends a row) or None.
-    rho: the split factor of methods that take one (K-SEQ): "star", "k" or a number
-      (traced); ignored by the others.
     prompt_ids: B ints naming the prompts for the randomness (default 0..B-1).
     mesh: optional `sharding.make_mesh` mesh: rows are split over "data" (the batch is
       padded to a multiple of its size), parameters and caches over "model" by
       `sharding.RULES`; it may span processes (every process passes the same inputs and
       gets the whole output).
-    tree: score each round's drafts as their deduplicated token tree (one target
-      position per distinct prefix, `spectr_jax.tree`) instead of K tails, and draft
-      them as one too (the pending tokens on one tail, a static tree's nodes once each,
-      `spectr_jax.drafting`): the same output law for every method, fewer target and
-      draft positions.
-    branching: for a method whose drafting scheme draws a static tree
-      (`methods.Drafting.branches`: "rrs"), the children per node at each depth, L
-      integers whose product is K (e.g. (4, 2, 1, 1) for K = 8, L = 4), or "proportional"
-      (`drafting.PROPORTIONAL`: each node's children and their shares of the K paths
-      follow the draft's probabilities); None for the scheme's default.
-    scan_layers: run the models' layers under `lax.scan` (one compiled layer: compiles
-      fast; layers stacked) or unrolled (False; layers split); None: scan models of
-      `models.layout.SCAN_MIN_LAYERS` layers or more. The same tokens either way, to
-      rounding.
-    drafting: the drafting scheme (a name in `methods.DRAFTING`, e.g. "iid" or "wor");
-      None for the method's default. The method must be exact for the scheme's law
-      (`methods.Method.exact_for`): other pairs are refused, naming why.
 
   Returns:
-    `GenerateOutput(tokens_BxT, lengths_B, stats)`.
+    `GenerateOutput(tokens_BxT, lengths_B, stats)`, T = `spec.max_new_tokens`.
   """
-  program, args, b = _prepare(**locals())
+  program, args, b = _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh)
   out = program(*args)
   if mesh is not None:
     out = jax.tree.map(lambda x: x[:b], sharding.fetch(out))
   return out
 
 
-def lower(key: jax.Array, **kwargs) -> jax.stages.Lowered:
-  """The lowered program `generate(key, **kwargs)` runs (for its HLO, cost or memory:
-  `.compile().as_text()`, `.compile().memory_analysis()`)."""
-  call = inspect.signature(generate).bind(key, **kwargs)
-  call.apply_defaults()
-  program, args, _ = _prepare(**call.arguments)
+def lower(
+  key: jax.Array,
+  spec: DecodeSpec,
+  *,
+  draft: ModelBundle | None,
+  target: ModelBundle,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  prompt_ids: jax.Array | None = None,
+  mesh: jax.sharding.Mesh | None = None,
+) -> jax.stages.Lowered:
+  """The lowered program `generate` runs for these arguments (for its HLO, cost or
+  memory: `.compile().as_text()`, `.compile().memory_analysis()`)."""
+  program, args, _ = _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh)
   return program.lower(*args)
 
 
-def _prepare(
-  key, *, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
-  max_new_tokens, token_limit, temperature, top_k, top_p, eos_id, rho, prompt_ids, mesh, tree,
-  branching, scan_layers, drafting,
-):  # fmt: skip
+def round_spec(
+  spec: DecodeSpec, draft: ModelConfig | None, target: ModelConfig
+) -> rounds.RoundSpec:
+  """The static description of the program that decodes `spec` with these models (what
+  `compiled_program` is keyed by)."""
+  return rounds.RoundSpec(
+    method=spec.method,
+    num_drafts=spec.num_drafts,
+    draft_len=spec.draft_len,
+    max_new_tokens=spec.max_new_tokens,
+    top_k=spec.top_k or None,
+    use_top_p=spec.top_p < 1,
+    rho_mode=acceptance.split_rho(spec.rho)[0] if methods.get(spec.method).takes_rho else "",
+    draft_config=draft if spec.speculative else None,
+    target_config=target,
+    dedup=spec.dedup,
+    branching=spec.branching or None,
+    greedy=spec.greedy,
+    scan_layers=spec.scan_layers,
+    drafting=spec.drafting,
+  )
+
+
+def traced_values(spec: DecodeSpec) -> Traced:
+  """The values of `spec` its program takes as arguments (one program serves them all)."""
+  return Traced(
+    temperature=jnp.float32(spec.temperature),
+    top_p=jnp.float32(spec.top_p),
+    rho_value=acceptance.split_rho(spec.rho)[1],
+    eos_ids=jnp.asarray(spec.eos_ids or (-1,), jnp.int32),
+    token_limit=jnp.int32(spec.token_limit or spec.max_new_tokens),
+  )
+
+
+def _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh):
   """Checks the inputs of `generate`; returns its program, the placed arguments and B."""
-  if not methods.get(method).speculative:
-    num_drafts, draft_len = 1, 0
-  if scan_layers not in (None, True, False):
-    raise ValueError(f"scan_layers must be True, False or None, got {scan_layers!r}")
-  target = target.for_decoding(scan_layers)
-  if draft is not None and draft_len:
-    draft = draft.for_decoding(scan_layers)
-  _check_inputs(key, draft, target, prompts, prompt_lengths, method, num_drafts, draft_len,
-                max_new_tokens, temperature, top_k, top_p, eos_id, rho, prompt_ids)  # fmt: skip
+  if not isinstance(spec, DecodeSpec):
+    raise ValueError(
+      f"spec must be a spectr_jax.DecodeSpec (e.g. DecodeSpec(method='kseq', num_drafts=4, "
+      f"draft_len=4)), got {type(spec).__name__}"
+    )
+  checks.prng_key("key", key)
+  _check_prompts(target.config.vocab_size, prompts, prompt_lengths, prompt_ids)
+  target = target.for_decoding(spec.scan_layers)
+  draft = draft.for_decoding(spec.scan_layers) if spec.speculative and draft is not None else None
+  spec.check_models(target.config, None if draft is None else draft.config, np.shape(prompts)[1])
+  for name, bundle in (("target", target), ("draft", draft)):
+    if bundle is not None:
+      check_params(bundle, name)
   key = checks.typed_key(key)
   if mesh is not None and DATA_AXIS not in mesh.axis_names:
     raise ValueError(
       f"the mesh needs a {DATA_AXIS!r} axis (sharding.make_mesh), got axes {mesh.axis_names}"
     )
-  if not isinstance(tree, bool):
-    raise ValueError(f"tree must be True or False, got {tree!r}")
-  token_limit = max_new_tokens if token_limit is None else token_limit
-  checks.integer("token_limit", token_limit, 1, max_new_tokens)
-  if not checks.is_concrete(temperature):
-    raise ValueError(
-      "temperature must be a number, not a traced value: greedy decoding (0) and sampling "
-      "compile to different programs"
-    )
-  if drafting is not None and not isinstance(drafting, str):
-    raise ValueError(f"drafting must be a scheme name or None, got {drafting!r}")
-  scheme = methods.scheme(method, drafting or "")
-  if branching is not None:
-    branching = branching if isinstance(branching, str) else tuple(branching)
-    if scheme is None or not scheme.branches:
-      name = "no scheme" if scheme is None else f"scheme {scheme.name!r}"
-      raise ValueError(f"method {method!r} with {name} drafts no tree: branching must be None")
-    check_branching(branching, num_drafts, draft_len)
-  rho_mode, rho_value = acceptance.split_rho(rho)
-  if not methods.get(method).takes_rho:  # not part of the program: one compile for any rho
-    rho_mode, rho_value = "", jnp.float32(0.0)
-  spec = DecodeSpec(
-    method=method,
-    num_drafts=num_drafts,
-    draft_len=draft_len,
-    max_new_tokens=max_new_tokens,
-    top_k=top_k,
-    use_top_p=top_p is not None,
-    rho_mode=rho_mode,
-    draft_config=None if draft_len == 0 else draft.config,
-    target_config=target.config,
-    tree=tree,
-    branching=branching,
-    greedy=float(temperature) <= 0,
-    scan_layers=scan_layers,
-    # "" for the method's own scheme: one program (and spec) however it is named.
-    drafting="" if scheme is None or scheme.name == methods.get(method).drafting else scheme.name,
-  )
-  traced = Traced(
-    temperature=jnp.float32(temperature),
-    top_p=jnp.float32(1.0 if top_p is None else top_p),
-    rho_value=rho_value,
-    eos_ids=jnp.asarray(_eos_ids(eos_id) or (-1,), jnp.int32),
-    token_limit=jnp.int32(token_limit),
-  )
+  program_spec = round_spec(spec, None if draft is None else draft.config, target.config)
+  traced = traced_values(spec)
   prompts = jnp.asarray(prompts, jnp.int32)
   lengths = jnp.asarray(prompt_lengths, jnp.int32)
   b = prompts.shape[0]
   ids = jnp.arange(b, dtype=jnp.int32) if prompt_ids is None else jnp.asarray(prompt_ids, jnp.int32)
-  draft_params = None if draft_len == 0 else draft.params
+  draft_params = None if draft is None else draft.params
   target_params = target.params
   if mesh is not None:
-    axes = spec.target.param_axes(target_params)
+    axes = program_spec.target.param_axes(target_params)
     target_params = sharding.shard_params(target_params, mesh, axes=axes)
     if draft_params is not None:
-      axes = spec.draft.param_axes(draft_params)
+      axes = program_spec.draft.param_axes(draft_params)
       draft_params = sharding.shard_params(draft_params, mesh, axes=axes)
     rows = _pad_rows(-b % mesh.shape[DATA_AXIS], prompts, lengths, ids)
     ids, prompts, lengths = sharding.put(
@@ -396,4 +298,4 @@ def _prepare(
     )
     key, traced = sharding.put((key, traced), NamedSharding(mesh, PartitionSpec()))
   args = (key, ids, prompts, lengths, draft_params, target_params, traced)
-  return compiled_program(spec, mesh), args, b
+  return compiled_program(program_spec, mesh), args, b

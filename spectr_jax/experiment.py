@@ -88,7 +88,7 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
   (`Method.grid_drafts`: autoregressive decoding and single-draft methods at K = 1,
   multi-draft methods at their K >= 2, since at K = 1 they are their `single` method) for
   every L (autoregressive once), and methods with a split factor once per rho; a fixed
-  rho above K is skipped (it is clipped to K, i.e. the "k" strategy). `decoding.tree`
+  rho above K is skipped (it is clipped to K, i.e. the "k" strategy). `decoding.dedup`
   applies to the cells with drafts (L >= 1), `decoding.branching` to those of a scheme
   that draws trees (`methods.Drafting.branches`).
 
@@ -110,14 +110,14 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
         grid += [(method.name, k, draft_len, rho) for rho in rhos]
 
   # Settings a cell cannot use are left at their defaults, so it keeps one key (decoded
-  # once) across sweeps that differ only in them: rounds without drafts have no tree and
+  # once) across sweeps that differ only in them: rounds without drafts have no tree to dedup and
   # no drafting scheme, a method's own default scheme is stored as "", and a scheme that
   # draws no tree takes no branching.
   def settings(method, draft_len):
     scheme = methods.scheme(method, config.decoding.drafting)
     return dataclasses.replace(
       config.decoding,
-      tree=config.decoding.tree and draft_len > 0,
+      dedup=config.decoding.dedup and draft_len > 0,
       branching=config.decoding.branching if scheme and scheme.branches and draft_len else "",
       drafting=""
       if not draft_len or config.decoding.drafting == methods.get(method).drafting
@@ -179,23 +179,20 @@ def run_cell(
     pair.heldout, settings.num_prompts, settings.prompt_len, cell.seed, pair.special
   )
   starts = range(0, settings.num_prompts, batch_size)
+  rho = "star" if cell.rho is None else cell.rho
+  spec = settings.spec(cell.method, cell.num_drafts, cell.draft_len, rho, pair.special.eos)
 
   def decode(start):
     index = np.arange(start, start + batch_size) % settings.num_prompts
     out = engine.generate(
       jax.random.key(cell.seed),
-      draft=pair.draft if methods.get(cell.method).speculative else None,
+      spec,
+      draft=pair.draft if spec.speculative else None,
       target=pair.target,
       prompts=prompts.tokens_BxP[index],
       prompt_lengths=prompts.lengths_B[index],
-      method=cell.method,
-      num_drafts=cell.num_drafts,
-      draft_len=cell.draft_len,
-      max_new_tokens=settings.max_new_tokens,
-      rho="star" if cell.rho is None else cell.rho,
       prompt_ids=jnp.asarray(index, jnp.int32),
       mesh=mesh,
-      **settings.sampling_args(pair.special.eos),
     )
     return jax.block_until_ready(out)
 

@@ -26,6 +26,7 @@ module (and the config boundary that validates method names with it) imports no 
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -33,11 +34,13 @@ __all__ = [
   "LEVELS",
   "METHODS",
   "OVERSHOOT_TOL",
+  "PROPORTIONAL",
   "BlockVerdict",
   "Drafting",
   "DRAFTING",
   "Method",
   "Verdict",
+  "check_branching",
   "check_rho",
   "exact_for",
   "get",
@@ -104,7 +107,7 @@ class Drafting:
     check: "module:function" that raises a clear error for concrete drafts_KxL this
       scheme cannot have drawn (`verify.verify_block` runs it), or "".
     branches: whether the scheme draws a tree and takes its shape, children per depth
-      or "proportional" (`engine.generate(branching=...)`, passed on as the scheme's
+      or "proportional" (`DecodeSpec.branching`, passed on as the scheme's
       `branching`).
     law: the drafting law its drafts follow, which decides the verifiers exact for it
       (`Method.exact_for`): "iid" (K i.i.d. sequences) or "wor" (a tree drawn without
@@ -169,7 +172,7 @@ class Method:
     takes_rho: it has a split factor rho ("star", "k" or a number; one sweep cell per
       rho); only these verify functions see rho.
     drafting: its default drafting scheme (a name in `DRAFTING`); a decode may name
-      another (`engine.generate(drafting=...)`) of a law in `exact_for`.
+      another (`DecodeSpec.drafting`) of a law in `exact_for`.
     exact_for: the drafting laws (`Drafting.law`) for which its output follows the
       target's law; default: its default scheme's law.
     workspace_bytes: one row's verifier workspace beyond the round's probability arrays
@@ -409,6 +412,30 @@ def scheme(method: str, drafting: str = "") -> Drafting | None:
       f"target's law; methods exact for {chosen.name!r}: {', '.join(exact_for(chosen.name))}"
     )
   return chosen
+
+
+# A tree shape drawn from the draft's path probabilities (`Drafting.branches` schemes).
+PROPORTIONAL = "proportional"
+
+
+def check_branching(branching, num_drafts: int, draft_len: int) -> None:
+  """Raises a clear error unless `branching` is L integers >= 1 whose product is K, or
+  `PROPORTIONAL` (a tree shaped by the draft's path probabilities, drawn by
+  `drafting.without_replacement`)."""
+  if branching == PROPORTIONAL:
+    return
+  if not (
+    isinstance(branching, tuple)
+    and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in branching)
+  ):
+    raise ValueError(
+      f"branching must be a tuple of integers >= 1 or {PROPORTIONAL!r}, got {branching!r}"
+    )
+  if len(branching) != draft_len or math.prod(branching) != num_drafts:
+    raise ValueError(
+      f"branching {branching} must have draft_len = {draft_len} entries whose product is "
+      f"num_drafts = {num_drafts} (one path per leaf)"
+    )
 
 
 def check_rho(rho: Any) -> str | float:

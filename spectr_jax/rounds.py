@@ -7,7 +7,7 @@ or on the distinct prefixes of their token tree, giving q),
 `verify_rows` (the block walk of `verify.walk` per row) and the commit of the accepted
 tokens to both caches (`run_round` runs all of them).
 `init_state` prefills the caches. Everything here runs inside the engine's jitted
-`lax.while_loop`; `DecodeSpec` is static, `Traced` holds the traced settings. The models
+`lax.while_loop`; `RoundSpec` is static, `Traced` holds the traced settings. The models
 are reached through the decoder protocol only (`spectr_jax.models.decoder`: init_cache,
 prefill, extend (and take_tails) or extend_tree, commit or commit_nodes), whatever their
 family.
@@ -26,8 +26,9 @@ from spectr_jax.models import Decoder, KVCache, ModelConfig, ancestor_mask, deco
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeSpec:
-  """Everything that fixes the compiled program (static under jit)."""
+class RoundSpec:
+  """Everything that fixes the compiled program (static under jit; `engine.round_spec`
+  makes it from a `config.DecodeSpec` and the models' configs)."""
 
   method: str
   num_drafts: int
@@ -38,7 +39,7 @@ class DecodeSpec:
   rho_mode: str
   draft_config: ModelConfig | None
   target_config: ModelConfig
-  tree: bool = False
+  dedup: bool = False
   # A tree's children per depth, or drafting.PROPORTIONAL (`drafting.without_replacement`).
   branching: tuple[int, ...] | str | None = None
   # Greedy decoding (one-hot on the argmax) rather than sampling at `Traced.temperature`.
@@ -54,7 +55,7 @@ class DecodeSpec:
   def scores_tree(self) -> bool:
     """Whether the target scores the round's deduplicated token tree (`spectr_jax.tree`)
     instead of K tails (only rounds with drafts have a tree)."""
-    return self.tree and self.draft_len > 0
+    return self.dedup and self.draft_len > 0
 
   @property
   def round_width(self) -> int:
@@ -139,17 +140,17 @@ class State:
 
 class Traced(NamedTuple):
   """The settings that are traced (a sweep changes them without recompiling; greedy or
-  sampling is static: `DecodeSpec.greedy`)."""
+  sampling is static: `RoundSpec.greedy`)."""
 
   temperature: jax.Array
   top_p: jax.Array
   rho_value: jax.Array
   eos_ids: jax.Array  # int32 [A] stop tokens (-1: none)
-  # Tokens a row emits at most (int32; never more than DecodeSpec.max_new_tokens).
+  # Tokens a row emits at most (int32; never more than RoundSpec.max_new_tokens).
   token_limit: jax.Array | int = 2**31 - 1
 
 
-def probs(spec: DecodeSpec, logits_AxV, traced: Traced):
+def probs(spec: RoundSpec, logits_AxV, traced: Traced):
   """Sampling distributions of logits [..., V] under the spec's transforms (float32)."""
   top_p = traced.top_p if spec.use_top_p else None
   logits_AxV = sharding.replicate_over_model(logits_AxV)
@@ -259,7 +260,7 @@ def _score_tree(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, trace
   return Scored(q_BxKxL1xV, cache, bad_B, t.path_node_BxKxL1, t.num_nodes_B, positions)
 
 
-def _token_limit(spec: DecodeSpec, traced: Traced) -> jax.Array:
+def _token_limit(spec: RoundSpec, traced: Traced) -> jax.Array:
   return jnp.minimum(traced.token_limit, spec.max_new_tokens)
 
 

@@ -92,10 +92,10 @@ def test_config_errors(tmp_path):
     (dict(temperature=-1.0), "temperature must be finite and >= 0, got -1.0"),
     (dict(temperature=float("inf")), "temperature must be finite"),
     (dict(top_k=-1), "top_k must be an integer >= 0, got -1"),
-    (dict(top_k=10**6), r"decoding.top_k = 1000000 exceeds the vocabulary"),
+    (dict(top_k=10**6), r"decoding: top_k = 1000000 exceeds the vocabulary"),
     (dict(top_p=1.5), r"top_p must lie in \(0, 1\], got 1.5"),
     (dict(top_p=0.0), r"top_p must lie in \(0, 1\]"),
-    (dict(max_new_tokens=10**4), "exceeds the pair's max_len"),
+    (dict(max_new_tokens=10**4), "exceeds the target's max_len"),
     (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
     (dict(prompt_len=2.5), "prompt_len must be an integer"),
     (dict(draft_lens=[0]), r"draft_lens must be an integer >= 1, got 0"),
@@ -123,7 +123,7 @@ def test_grid_is_checked_against_the_pair_folders(tmp_path, monkeypatch):
   saved["model_overrides"] = dict(saved["model_overrides"], max_len=12)
   (tmp_path / values["pair"]["target_workdir"]).mkdir()
   (tmp_path / values["pair"]["target_workdir"] / "config.json").write_text(json.dumps(saved))
-  with pytest.raises(ValueError, match="exceeds the pair's max_len 12"):
+  with pytest.raises(ValueError, match="exceeds the target's max_len 12"):
     SweepConfig.from_dict(values)
 
 
