@@ -595,7 +595,12 @@ class DecodeSpec(Schema):
           f"token_limit must lie in [1, max_new_tokens = {self.max_new_tokens}], "
           f"got {self.token_limit}"
         )
-    if not (isinstance(self.temperature, numbers.Real) and 0 <= self.temperature < math.inf):
+    if not isinstance(self.temperature, numbers.Real):
+      raise ValueError(
+        "temperature must be a number, not a traced value: greedy decoding (0) and sampling "
+        f"compile to different programs; got {self.temperature!r}"
+      )
+    if not 0 <= self.temperature < math.inf:
       raise ValueError(f"temperature must be finite and >= 0, got {self.temperature!r}")
     _integers("top_k", [self.top_k], 0)
     if not (isinstance(self.top_p, numbers.Real) and 0 < self.top_p <= 1):

@@ -178,9 +178,9 @@ _GAIN_COLUMNS = (
 
 def variant(cell: dict[str, Any]) -> str:
   """What a cell's label adds for a drafting scheme other than its method's default, its
-  drafts' tree shape and tree scoring, e.g. " (wor, proportional, tree)"; "" for tails of
-  the method's default drafts."""
-  parts = [cell.get("drafting", ""), cell.get("branching", "")] + ["tree"] * bool(cell.get("tree"))
+  drafts' tree shape and dedup scoring, e.g. " (wor, proportional, dedup)"; "" for tails
+  of the method's default drafts. (Records store `DecodeSettings.dedup` as "tree".)"""
+  parts = [cell.get("drafting", ""), cell.get("branching", "")] + ["dedup"] * bool(cell.get("tree"))
   parts = [p for p in parts if p]
   return f" ({', '.join(parts)})" if parts else ""
 
@@ -275,7 +275,7 @@ def summarize(
     row = {
       "method": cell["method"],
       "label": label + variant(cell),
-      "tree": bool(cell.get("tree")),
+      "dedup": bool(cell.get("tree")),
       "branching": cell.get("branching", ""),
       "drafting": cell.get("drafting", ""),
       # Target positions per round, emitted tokens per target position and draft
@@ -372,7 +372,7 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> None:
 def plot_block_efficiency(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> None:
   """Block efficiency vs K with the bootstrap intervals: one line per multi-draft method
   (its own colour, registry order), draft length L (line style) and shape (marker: circles
-  for tails, squares for scored trees, triangles for drafted tree shapes), each line
+  for tails, squares for dedup rounds, triangles for drafted tree shapes), each line
   starting from its K = 1 method ("sd", or "block" for "gbv"); rows that are not exact
   are drawn hollow (never so at rho* or without a split factor)."""
   fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
@@ -380,17 +380,17 @@ def plot_block_efficiency(rows: Sequence[dict[str, Any]], path: str | pathlib.Pa
   dashes = {n: ["-", "--", ":", "-."][i % 4] for i, n in enumerate(lens)}
   lines = [m for m in methods.METHODS.values() if m.multi_draft]
   colors = {m.name: plt.cm.tab10(i % 10) for i, m in enumerate(lines)}
-  # Tails, trees and drafted tree shapes of one method are lines of their own.
-  shapes = sorted({(r.get("branching", ""), bool(r.get("tree"))) for r in rows})
+  # Tails, dedup rounds and drafted tree shapes of one method are lines of their own.
+  shapes = sorted({(r.get("branching", ""), bool(r.get("dedup"))) for r in rows})
   schemes = sorted({r.get("drafting", "") for r in rows})
   markers = {False: "o", True: "s"}
-  for draft_len, method, (branching, tree), scheme in itertools.product(
+  for draft_len, method, (branching, dedup), scheme in itertools.product(
     lens, lines, shapes, schemes
   ):
     rows_at = [
       r
       for r in rows
-      if r["L"] == draft_len and bool(r.get("tree")) == tree and r.get("drafting", "") == scheme
+      if r["L"] == draft_len and bool(r.get("dedup")) == dedup and r.get("drafting", "") == scheme
     ]
     single = [r for r in rows_at if r["method"] == method.single and not r.get("branching")]
     line = [
@@ -406,9 +406,9 @@ def plot_block_efficiency(rows: Sequence[dict[str, Any]], path: str | pathlib.Pa
     ks = [r["K"] for r in line]
     mean = np.array([r["block_efficiency"] for r in line])
     err = np.array([[m - r["lower"], r["upper"] - m] for m, r in zip(mean, line, strict=True)])
-    shape = {"drafting": scheme, "branching": branching, "tree": tree}
+    shape = {"drafting": scheme, "branching": branching, "tree": dedup}  # as records hold it
     label = f"{method.label}{variant(shape)} L={draft_len}"
-    color, marker = colors[method.name], "^" if branching else markers[tree]
+    color, marker = colors[method.name], "^" if branching else markers[dedup]
     ax.errorbar(ks, mean, yerr=err.T, fmt=dashes[draft_len], marker=marker, ms=4, capsize=3,
                 label=label, color=color)  # fmt: skip
     for r in line:

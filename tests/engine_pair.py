@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spectr_jax import engine, sampling
+from spectr_jax.config import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 
 V = 4
@@ -63,19 +64,22 @@ def codes(tokens_BxT):
   return tokens @ (V ** np.arange(tokens.shape[1])[::-1])
 
 
-def generate(draft, target, method, num_drafts, draft_len, n, key=0, batch=NUM_SAMPLES, **kw):
+def generate(
+  draft, target, method, num_drafts, draft_len, n, key=0, batch=NUM_SAMPLES, mesh=None, **spec
+):
+  """`batch` rows of PROMPT decoded by `DecodeSpec(method, K, L, max_new_tokens=n, **spec)`."""
   prompts = jnp.tile(jnp.asarray([PROMPT], jnp.int32), (batch, 1))
+  spec = DecodeSpec(
+    method=method, num_drafts=num_drafts, draft_len=draft_len, max_new_tokens=n, **spec
+  )
   return engine.generate(
     jax.random.key(key),
+    spec,
     draft=draft,
     target=target,
     prompts=prompts,
     prompt_lengths=jnp.full((batch,), len(PROMPT)),
-    method=method,
-    num_drafts=num_drafts,
-    draft_len=draft_len,
-    max_new_tokens=n,
-    **kw,
+    mesh=mesh,
   )
 
 

@@ -32,7 +32,7 @@ from jax.experimental import multihost_utils
 
 from configs import target as target_config
 from spectr_jax import engine, experiment, sharding, train
-from spectr_jax.config import TrainConfig
+from spectr_jax.config import DecodeSpec, TrainConfig
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 from tests.test_experiment import random_pair, sweep_config
 from tests.training import small_config
@@ -62,14 +62,11 @@ def decode(mesh: jax.sharding.Mesh | None) -> dict[str, np.ndarray]:
   prompts_BxP = rng.integers(1, V, (16, 6))
   out = engine.generate(
     jax.random.key(3),
+    DecodeSpec(method="kseq", num_drafts=2, draft_len=3, max_new_tokens=12),
     draft=models[0],
     target=models[1],
     prompts=prompts_BxP,
     prompt_lengths=lengths_B,
-    method="kseq",
-    num_drafts=2,
-    draft_len=3,
-    max_new_tokens=12,
     mesh=mesh,
   )
   return {

@@ -1,6 +1,6 @@
 """The draft of a tree round: each shared prefix computed once (issue 27).
 
-Every drafting scheme run with the decoder's `take_tails` (`tree=True` rounds) against
+Every drafting scheme run with the decoder's `take_tails` (dedup rounds) against
 the same scheme on K tails: the same tokens, the same p and the same cache tails within
 float32 rounding, and the positions the round pays for (the pending tokens once, then per
 depth one tail per node of a static tree, K elsewhere). On the PaLM test models (i.i.d.

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from spectr_jax import engine, methods, programs, rounds, sharding, tree
+from spectr_jax.config import DecodeSpec
 from spectr_jax.models import ModelBundle, commit, get_model_config
 from spectr_jax.models.protocol import TransformerDecoder
 from tests import engine_pair, stats
@@ -88,8 +89,8 @@ def _tree_and_tail_q(models, drafts_BxKxL, prompts_BxP, lengths_B):
   traced = rounds.Traced(jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.asarray([-1]))
   out = []
   for use_tree in (False, True):
-    spec = rounds.DecodeSpec(
-      "kseq", k, length, 4, None, False, "star", draft.config, target.config, tree=use_tree
+    spec = rounds.RoundSpec(
+      "kseq", k, length, 4, None, False, "star", draft.config, target.config, dedup=use_tree
     )
     state = rounds.init_state(spec, draft.params, target.params, prompts_BxP, lengths_B)
     scored = jax.jit(functools.partial(rounds.score, spec, traced=traced))(
@@ -168,17 +169,11 @@ def test_greedy_equals_greedy_target_decoding(
 ):
   draft, target = models
   kw = dict(draft=draft, target=target, prompts=jnp.asarray(_GREEDY_PROMPTS))
-  kw.update(prompt_lengths=jnp.asarray(_GREEDY_LENGTHS), max_new_tokens=_GREEDY_TOKENS)
-  kw.update(temperature=0.0)
-  ar = engine.generate(jax.random.key(0), method="autoregressive", **kw)
-  spec = engine.generate(
-    jax.random.key(1),
-    method=method,
-    num_drafts=num_drafts,
-    draft_len=draft_len,
-    tree=use_tree,
-    **kw,
-  )
+  kw.update(prompt_lengths=jnp.asarray(_GREEDY_LENGTHS))
+  greedy = DecodeSpec(method="autoregressive", max_new_tokens=_GREEDY_TOKENS, temperature=0.0)
+  ar = engine.generate(jax.random.key(0), greedy, **kw)
+  spec = greedy.replace(method=method, num_drafts=num_drafts, draft_len=draft_len, dedup=use_tree)
+  spec = engine.generate(jax.random.key(1), spec, **kw)
   np.testing.assert_array_equal(np.asarray(ar.tokens_BxT), greedy_target)
   np.testing.assert_array_equal(np.asarray(spec.tokens_BxT), greedy_target)
 
@@ -213,7 +208,7 @@ def test_tree_rounds_give_every_method_the_tokens_of_its_tails(models, method, n
   method's law on trees is its law on tails (tests/test_engine_law.py)."""
   draft, target = models
   out = [
-    generate(draft, target, method, num_drafts, 2, 6, key=5, batch=512, tree=t, **kw)
+    generate(draft, target, method, num_drafts, 2, 6, key=5, batch=512, dedup=t, **kw)
     for t in (False, True)
   ]
   tails, trees = (np.asarray(o.tokens_BxT) for o in out)
@@ -232,10 +227,10 @@ def test_tree_rounds_on_ragged_prompts_with_top_p_and_eos_give_the_tails_tokens(
   b = 256
   prompts = jnp.asarray(rng.integers(0, V, (b, 5)), jnp.int32)
   lengths = jnp.asarray(rng.integers(1, 6, b), jnp.int32)
-  kw = dict(kw, draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
-  kw.update(method=method, num_drafts=4, draft_len=3, max_new_tokens=10)
-  kw.update(temperature=0.8, top_p=0.85, eos_id=2)
-  out = [engine.generate(jax.random.key(4), tree=t, **kw) for t in (False, True)]
+  spec = DecodeSpec(method=method, num_drafts=4, draft_len=3, max_new_tokens=10, **kw)
+  spec = spec.replace(temperature=0.8, top_p=0.85, eos_ids=(2,))
+  kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
+  out = [engine.generate(jax.random.key(4), spec.replace(dedup=t), **kw) for t in (False, True)]
   (tails, n_tails), (trees, n_trees) = ((np.asarray(o.tokens_BxT), o.lengths_B) for o in out)
   assert np.mean(np.all(tails == trees, axis=1)) >= 0.99
   np.testing.assert_array_equal(n_tails, n_trees)
@@ -248,10 +243,10 @@ def test_eos_stops_rows(models, use_tree):
   rows then hold the tails' tokens (the same keys; q equal within float32 rounding)."""
   draft, target = models
   eos = 3  # The target's most likely token.
-  out = generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos, tree=use_tree)
+  out = generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_ids=eos, dedup=use_tree)
   tokens, lengths = np.asarray(out.tokens_BxT), np.asarray(out.lengths_B)
   if use_tree:
-    tails = generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos)
+    tails = generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_ids=eos)
     same = np.all(tokens == np.asarray(tails.tokens_BxT), axis=1)
     assert np.mean(same) >= 0.95 and np.any(lengths < 12), np.mean(same)
   assert np.any(lengths < 12)
@@ -267,26 +262,24 @@ def test_eos_stops_rows(models, use_tree):
 def test_eos_set_stops_at_any_of_its_ids(models):
   draft, target = models
   eos = (1, 3)
-  out = generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_id=eos)
+  out = generate(draft, target, "kseq", 2, 3, 12, batch=64, eos_ids=eos)
   tokens, lengths = np.asarray(out.tokens_BxT), np.asarray(out.lengths_B)
   last = {int(row[n - 1]) for row, n in zip(tokens, lengths, strict=True) if n < 12}
   assert last == set(eos)  # Both ids end rows, and nothing else does.
   for row, n in zip(tokens, lengths, strict=True):
     assert not np.isin(row[: n - 1], eos).any()
-  with pytest.raises(ValueError, match="non-empty sequence"):
-    generate(draft, target, "kseq", 2, 3, 12, batch=4, eos_id=[])
 
 
 def test_nonfinite_logits_are_counted_not_sampled(models):
   """(The program of tests/test_engine.py::test_eos_stops_rows on tails: compiled once.)"""
   draft, target = models
   broken = ModelBundle(target.config, jax.tree.map(lambda x: x * jnp.nan, target.params))
-  out = generate(draft, broken, "kseq", 2, 3, 12, batch=64, eos_id=3)
+  out = generate(draft, broken, "kseq", 2, 3, 12, batch=64, eos_ids=3)
   assert np.all(np.asarray(out.stats.nonfinite_B) == 1)
   assert np.all(np.asarray(out.stats.nonfinite_draft_B) == 0)
   assert np.all(np.asarray(out.lengths_B) == 0)
   broken = ModelBundle(draft.config, jax.tree.map(lambda x: x * jnp.nan, draft.params))
-  out = generate(broken, target, "kseq", 2, 3, 12, batch=64, eos_id=3)
+  out = generate(broken, target, "kseq", 2, 3, 12, batch=64, eos_ids=3)
   assert np.all(np.asarray(out.stats.nonfinite_draft_B) == 1)
 
 
@@ -311,11 +304,12 @@ def test_row_randomness_is_per_prompt(models):
   draft, target = models
   prompts = jnp.asarray([[1, 2, 3], [2, 2, 0], [3, 1, 0], [0, 0, 1]], jnp.int32)
   lengths = jnp.asarray([3, 2, 2, 3])
-  kw = dict(draft=draft, target=target, method="kseq", num_drafts=2, draft_len=2)
-  kw.update(max_new_tokens=7)
-  full = engine.generate(jax.random.key(3), prompts=prompts, prompt_lengths=lengths, **kw)
+  kw = dict(draft=draft, target=target)
+  spec = DecodeSpec(method="kseq", num_drafts=2, draft_len=2, max_new_tokens=7)
+  full = engine.generate(jax.random.key(3), spec, prompts=prompts, prompt_lengths=lengths, **kw)
   part = engine.generate(
     jax.random.key(3),
+    spec,
     prompts=prompts[2:],
     prompt_lengths=lengths[2:],
     prompt_ids=jnp.asarray([2, 3]),
@@ -341,7 +335,7 @@ def test_branching_is_checked(models):
   "proportional"."""
   draft, target = models
   for branching in [(2, 2), "proportional"]:
-    with pytest.raises(ValueError, match="drafts no tree"):
+    with pytest.raises(ValueError, match="draws no tree"):
       generate(draft, target, "kseq", 4, 2, 4, batch=2, branching=branching)
   for bad in [(2, 3), (4,), (2, 2, 1), (4, 0), "proportionl"]:
     with pytest.raises(ValueError, match="branching"):
@@ -351,38 +345,40 @@ def test_branching_is_checked(models):
 def test_second_call_does_not_recompile(models):
   draft, target = models
   prompts = jnp.asarray([[1, 2, 3], [2, 2, 0]], jnp.int32)
-  kw = dict(draft=draft, target=target, method="kseq", num_drafts=2, draft_len=2)
-  kw.update(max_new_tokens=5, top_p=0.9)
+  kw = dict(draft=draft, target=target)
+  spec = DecodeSpec(method="kseq", num_drafts=2, draft_len=2, max_new_tokens=5, top_p=0.9)
   engine.generate(
-    jax.random.key(0), prompts=prompts, prompt_lengths=jnp.asarray([3, 2]), rho=1.5, **kw
+    jax.random.key(0),
+    spec.replace(rho=1.5),
+    prompts=prompts,
+    prompt_lengths=jnp.asarray([3, 2]),
+    **kw,
   )
   compiled = engine.compiled_program(
-    engine.DecodeSpec("kseq", 2, 2, 5, None, True, "fixed", draft.config, target.config), None
+    engine.round_spec(spec.replace(rho=1.5), draft.config, target.config), None
   )
   before = compiled._cache_size()
   engine.generate(
     jax.random.key(1),
+    spec.replace(rho=2.0, temperature=0.7, top_p=0.5),
     prompts=prompts[::-1],
     prompt_lengths=jnp.asarray([2, 3]),
-    rho=2.0,
-    temperature=0.7,
-    **{**kw, "top_p": 0.5},
+    **kw,
   )
   assert compiled._cache_size() == before == 1
 
 
 def test_a_token_limit_shares_the_program_and_cuts_the_same_tokens(models):
-  """A traced token limit (`generate(token_limit=...)`): the first tokens of the full
+  """A traced token limit (`DecodeSpec.token_limit`): the first tokens of the full
   decode, from the same compiled program."""
   draft, target = models
   prompts = jnp.asarray([[1, 2, 3], [2, 2, 0]], jnp.int32)
-  kw = dict(draft=draft, target=target, method="kseq", num_drafts=2, draft_len=2)
-  kw.update(prompts=prompts, prompt_lengths=jnp.asarray([3, 2]), max_new_tokens=6)
-  full = engine.generate(jax.random.key(3), **kw)
-  spec = engine.DecodeSpec("kseq", 2, 2, 6, None, False, "star", draft.config, target.config)
-  compiled = engine.compiled_program(spec, None)
+  kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=jnp.asarray([3, 2]))
+  spec = DecodeSpec(method="kseq", num_drafts=2, draft_len=2, max_new_tokens=6)
+  full = engine.generate(jax.random.key(3), spec, **kw)
+  compiled = engine.compiled_program(engine.round_spec(spec, draft.config, target.config), None)
   before = compiled._cache_size()
-  cut = engine.generate(jax.random.key(3), token_limit=3, **kw)
+  cut = engine.generate(jax.random.key(3), spec.replace(token_limit=3), **kw)
   assert compiled._cache_size() == before == 1
   np.testing.assert_array_equal(cut.lengths_B, [3, 3])
   np.testing.assert_array_equal(cut.tokens_BxT[:, :3], full.tokens_BxT[:, :3])
@@ -391,11 +387,12 @@ def test_a_token_limit_shares_the_program_and_cuts_the_same_tokens(models):
 
 def test_scanned_and_unrolled_layers_emit_the_same_tokens(models):
   draft, target = models
-  kw = dict(draft=draft, target=target, method="kseq", num_drafts=3, draft_len=2)
+  kw = dict(draft=draft, target=target)
   kw.update(prompts=jnp.asarray([[1, 2, 3], [2, 2, 0]]), prompt_lengths=jnp.asarray([3, 2]))
+  spec = DecodeSpec(method="kseq", num_drafts=3, draft_len=2, max_new_tokens=6)
   outs = [
-    engine.generate(jax.random.key(4), max_new_tokens=6, scan_layers=scan, **kw)
-    for scan in (True, False)
+    engine.generate(jax.random.key(4), spec.replace(layer_stack=stack), **kw)
+    for stack in ("scan", "unroll")
   ]
   np.testing.assert_array_equal(outs[0].tokens_BxT, outs[1].tokens_BxT)
 
@@ -413,17 +410,14 @@ def test_the_loop_of_rounds_is_the_programs_only_data_dependent_one(
   the weights are cast before the program (no convert of a parameter-shaped tensor)."""
   draft, target = models
   bf16 = [ModelBundle(dataclasses.replace(m.config, dtype="bfloat16"), m.params) for m in models]
+  spec = DecodeSpec(method=method, num_drafts=num_drafts, draft_len=draft_len, max_new_tokens=4)
   lowered = engine.lower(
     jax.random.key(0),
+    spec.replace(temperature=temperature),
     draft=bf16[0],
     target=bf16[1],
     prompts=jnp.asarray([[1, 2, 3]]),
     prompt_lengths=jnp.asarray([3]),
-    method=method,
-    num_drafts=num_drafts,
-    draft_len=draft_len,
-    max_new_tokens=4,
-    temperature=temperature,
   )
   module = programs.parse(lowered.compile().as_text())
   data_dependent = [c for c in programs.control_flow(module) if c.data_dependent]
@@ -440,9 +434,12 @@ def test_a_traced_temperature_is_refused(models):
   """Greedy decoding and sampling are separate programs: the temperature must be known."""
   draft, target = models
   kw = dict(draft=draft, target=target, prompts=jnp.asarray([[1, 2, 3]]))
-  kw.update(prompt_lengths=jnp.asarray([3]), method="sd", draft_len=2, max_new_tokens=2)
-  run = jax.jit(lambda t: engine.generate(jax.random.key(0), temperature=t, **kw).tokens_BxT)
-  with pytest.raises(ValueError, match="temperature must be a number"):
+  kw.update(prompt_lengths=jnp.asarray([3]))
+  spec = dict(method="sd", draft_len=2, max_new_tokens=2)
+  run = jax.jit(
+    lambda t: engine.generate(jax.random.key(0), DecodeSpec(**spec, temperature=t), **kw).tokens_BxT
+  )
+  with pytest.raises(ValueError, match="temperature must be a number, not a traced value"):
     run(jnp.float32(0.5))
 
 
@@ -450,9 +447,11 @@ def test_a_traced_temperature_is_refused(models):
   "change, message",
   [
     (dict(method="beam"), "unknown method"),
-    (dict(token_limit=0), r"token_limit must be an integer in \[1, 4\]"),
-    (dict(token_limit=5), r"token_limit must be an integer in \[1, 4\]"),
-    (dict(scan_layers="yes"), "scan_layers must be True, False or None"),
+    (dict(token_limit=0), "token_limit must be an integer >= 1"),
+    (dict(token_limit=5), r"token_limit must lie in \[1, max_new_tokens = 4\]"),
+    (dict(layer_stack="yes"), "layer_stack must be one of"),
+    (dict(drafting="wor", num_drafts=2), "method 'kseq' is not exact for drafting scheme 'wor'"),
+    (dict(spec=dict(method="kseq")), "spec must be a spectr_jax.DecodeSpec"),
     (dict(num_drafts=0), "num_drafts must be"),
     (dict(draft_len=0), "draft_len must be"),
     (dict(max_new_tokens=0), "max_new_tokens must be"),
@@ -467,10 +466,10 @@ def test_a_traced_temperature_is_refused(models):
     (dict(prompts=jnp.asarray([[1.0, 2.0, 5.7]])), "prompts must hold integers"),
     (dict(prompts=jnp.asarray([[1, -1, 3]])), r"prompts must hold token ids in \[0, "),
     (dict(prompts=jnp.asarray([[1, V, 3]])), r"prompts must hold token ids in \[0, "),
-    (dict(eos_id=V), "eos_id must be an integer in"),
-    (dict(eos_id=-1), "eos_id must be an integer in"),
-    (dict(eos_id=(3, V)), "eos_id must be an integer in"),
-    (dict(top_k=V + 1), "top_k must be an integer in"),
+    (dict(eos_ids=V), r"every value of eos_ids must lie in \[0, "),
+    (dict(eos_ids=-1), "every value of eos_ids must be an integer >= 0"),
+    (dict(eos_ids=(3, V)), r"every value of eos_ids must lie in \[0, "),
+    (dict(top_k=V + 1), "top_k = .* exceeds the vocabulary"),
     (dict(temperature=float("inf")), "temperature must be finite"),
     (dict(temperature=float("nan")), "temperature must be finite"),
     (dict(rho=3.0), r"rho must be .* in \[1, K = 2\]"),
@@ -499,19 +498,15 @@ def test_bad_input(models, change, message):
   if change.pop("other_params", False):
     draft = ModelBundle(draft.config, target.params)
   key = change.pop("key", jax.random.key(0))
-  kw = dict(
-    draft=draft,
-    target=target,
-    prompts=jnp.asarray([[1, 2, 3]]),
-    prompt_lengths=jnp.asarray([3]),
-    method="kseq",
-    num_drafts=2,
-    draft_len=2,
-    max_new_tokens=4,
-  )
-  kw.update(change)
+  kw = dict(draft=draft, target=target, prompts=jnp.asarray([[1, 2, 3]]))
+  kw.update(prompt_lengths=jnp.asarray([3]))
+  spec = dict(method="kseq", num_drafts=2, draft_len=2, max_new_tokens=4)
+  for name in set(change) & set(kw):
+    kw[name] = change.pop(name)
+  prompt_ids = change.pop("prompt_ids", None)
   with pytest.raises(ValueError, match=message):
-    engine.generate(key, **kw)
+    spec = change.pop("spec") if "spec" in change else DecodeSpec(**spec | change)
+    engine.generate(key, spec, prompt_ids=prompt_ids, **kw)
 
 
 def test_a_raw_prng_key_decodes_as_its_typed_key(models):
@@ -520,7 +515,7 @@ def test_a_raw_prng_key_decodes_as_its_typed_key(models):
   draft, target = models
   prompts = jnp.asarray([engine_pair.PROMPT] * 3, jnp.int32)
   kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=jnp.full((3,), 3))
-  kw.update(method="kseq", num_drafts=2, draft_len=2, max_new_tokens=5)
-  raw = engine.generate(jax.random.PRNGKey(0), **kw)
-  typed = engine.generate(jax.random.key(0), **kw)
+  spec = DecodeSpec(method="kseq", num_drafts=2, draft_len=2, max_new_tokens=5)
+  raw = engine.generate(jax.random.PRNGKey(0), spec, **kw)
+  typed = engine.generate(jax.random.key(0), spec, **kw)
   np.testing.assert_array_equal(raw.tokens_BxT, typed.tokens_BxT)

@@ -61,10 +61,10 @@ def test_tree_rounds_keep_the_output_law(models, method, temperature, top_k):
   """The engine with tree scoring (K = 3, L = 2): the (transformed) target's law, several
   rounds; drafts without replacement (rrs) with temperature and top-k on both models."""
   draft, target = models
-  kw = dict(key=9, tree=True, temperature=temperature, top_k=top_k)
+  kw = dict(key=9, dedup=True, temperature=temperature, top_k=top_k or 0)
   out = generate(draft, target, method, 3, 2, 4, **kw)
   law = exact_law(target, 4, temperature, top_k)
-  what = f"{method} tree T={temperature} top_k={top_k}"
+  what = f"{method} dedup T={temperature} top_k={top_k}"
   stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, what)
   assert residual_share(out, 2) >= 0.2
   assert float(np.mean(np.asarray(out.stats.rounds_B))) > 1.5
@@ -72,7 +72,7 @@ def test_tree_rounds_keep_the_output_law(models, method, temperature, top_k):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-  "method, branching, use_tree",
+  "method, branching, dedup",
   [
     ("rrs", (2, 2), False),
     ("rrs", (2, 2), True),
@@ -80,21 +80,21 @@ def test_tree_rounds_keep_the_output_law(models, method, temperature, top_k):
     ("traversal", "proportional", True),
   ],
 )
-def test_tree_drafts_keep_the_output_law(models, method, branching, use_tree):
+def test_tree_drafts_keep_the_output_law(models, method, branching, dedup):
   """Issue 27: RRS and Traversal Verification on drafted trees (children without
   replacement at every node; K = 4, L = 2) through the engine: the static branching
   (2, 2) as tails and as a scored tree (7 nodes per round: the root, 2 children, 4
   grandchildren), and the "proportional" tree (shaped by the draft's probabilities: at
   most 9 nodes) scored as a tree; the target's law, several rounds."""
   draft, target = models
-  out = generate(draft, target, method, 4, 2, 4, key=11, tree=use_tree, branching=branching)
+  out = generate(draft, target, method, 4, 2, 4, key=11, dedup=dedup, branching=branching)
   law = exact_law(target, 4)
-  what = f"{method} tree {branching} tree={use_tree}"
+  what = f"{method} tree {branching} dedup={dedup}"
   stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, what)
   assert residual_share(out, 2) >= 0.2
   rounds_B = np.asarray(out.stats.rounds_B)
   assert float(np.mean(rounds_B)) > 1.5
-  most = 12 if not use_tree else 7 if branching == (2, 2) else 9
+  most = 12 if not dedup else 7 if branching == (2, 2) else 9
   assert np.all(np.asarray(out.stats.nodes_B) <= most * rounds_B)
 
 
@@ -121,7 +121,7 @@ def test_tree_rounds_reject_a_commit_of_the_wrong_path(models, monkeypatch):
   try:
     # Three times the rows of the law tests: the variant differs only after a round whose
     # survivor is not path 0.
-    out = generate(draft, target, "kseq", 3, 2, 4, key=9, tree=True, batch=3 * NUM_SAMPLES)
+    out = generate(draft, target, "kseq", 3, 2, 4, key=9, dedup=True, batch=3 * NUM_SAMPLES)
   finally:
     engine.compiled_program.cache_clear()
   law = exact_law(target, 4)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from spectr_jax import engine, memory, methods, optimal, rounds
+from spectr_jax.config import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 
 V = 1024
@@ -29,9 +30,8 @@ def _compile(options, method, b, k, draft_len, n, width, tree):
   draft, target = (
     ModelBundle(c, init_params(c, jax.random.key(i))).for_decoding() for i, c in enumerate(configs)
   )
-  spec = engine.DecodeSpec(
-    method, k, draft_len, n, None, False, "star", draft.config, target.config, tree=tree
-  )
+  spec = DecodeSpec(method=method, num_drafts=k, draft_len=draft_len, max_new_tokens=n, dedup=tree)
+  spec = engine.round_spec(spec, draft.config, target.config)
   traced = rounds.Traced(
     jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
   )

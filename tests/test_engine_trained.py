@@ -16,7 +16,7 @@ import pytest
 from configs import draft as draft_config
 from configs import target as target_config
 from spectr_jax import data, engine, runs, train
-from spectr_jax.config import TrainConfig
+from spectr_jax.config import DecodeSpec, TrainConfig
 from spectr_jax.models import reset_tails
 from spectr_jax.models.protocol import TransformerDecoder
 from tests import stats
@@ -78,13 +78,11 @@ def _sample(pair, method, key, **kw):
   draft, target, prompts, lengths = pair
   out = engine.generate(
     jax.random.key(key),
+    DecodeSpec(method=method, max_new_tokens=NEW_TOKENS, **kw),
     draft=draft,
     target=target,
     prompts=prompts,
     prompt_lengths=lengths,
-    method=method,
-    max_new_tokens=NEW_TOKENS,
-    **kw,
   )
   assert np.all(np.asarray(out.lengths_B) == NEW_TOKENS)
   return _row_logprob(target, prompts, lengths, out.tokens_BxT), out

@@ -10,13 +10,18 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import lm1b_spectr, rho_ablation
-from spectr_jax import checks, drafting, engine, experiment, memory, methods, pairs, report, results
-from spectr_jax.config import SWEEP_BRANCHINGS, DecodeSettings, RhoAblationConfig, SweepConfig
+from spectr_jax import checks, drafting, experiment, memory, methods, pairs, report, results
+from spectr_jax.config import (
+  SWEEP_BRANCHINGS,
+  DecodeSettings,
+  DecodeSpec,
+  RhoAblationConfig,
+  SweepConfig,
+)
 from spectr_jax.data import TokenizedSplit
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 from tests.test_results import valid_record
@@ -206,13 +211,14 @@ def test_cell_key_hashes_every_field():
     prompt_len=4,
     max_new_tokens=17,
     stop_at_eos=True,
-    tree=True,
+    dedup=True,
     branching="proportional",
     pair="abd",
   )
-  # `tree` and `branching` (added after results were stored) are in the record only where
-  # they are set.
-  assert set(changed) == set(cell.as_record()) | {"tree", "branching"}
+  # `dedup` (stored as "tree") and `branching` (added after results were stored) are in
+  # the record only where they are set.
+  assert set(changed) - {"dedup"} == set(cell.as_record()) | {"branching"}
+  assert dataclasses.replace(settings, dedup=True).cell_fields()["tree"] is True
 
   def changed_cell(name, value):
     if name in settings.__dataclass_fields__:
@@ -238,12 +244,16 @@ def test_a_branching_applies_to_the_cells_of_schemes_that_draw_trees(tmp_path):
       assert cell.as_record()["branching"] == "proportional"
     else:
       assert cell.key == same.key and "branching" not in cell.as_record()
-  assert shaped.decoding.sampling_args()["branching"] == "proportional"
-  assert config.decoding.sampling_args()["branching"] is None
+  assert shaped.decoding.spec("rrs", 4, 2).branching == "proportional"
+  assert shaped.decoding.spec("kseq", 4, 2).branching == ""
+  assert config.decoding.spec("rrs", 4, 2).branching == ""
   with pytest.raises(ValueError, match="branching"):
     dataclasses.replace(config.decoding, branching="4-2-1-1")
   # The config names the shape itself (it imports no JAX code): the same as drafting's.
   assert SWEEP_BRANCHINGS == ("", drafting.PROPORTIONAL)
+  # A config file written before `dedup` was named so still reads (as it still stores).
+  old = DecodeSettings.from_dict({"tree": True})
+  assert old.dedup and old.cell_fields()["tree"] is True
 
 
 @pytest.mark.slow
@@ -253,7 +263,7 @@ def test_tree_cells_decode_the_tails_tokens_on_fewer_target_positions(pair, tmp_
   autoregressive cells; on this pair the tree cells emit the same tokens per prompt and
   round on fewer target positions, and the report names them apart."""
   tails = sweep_config(tmp_path, methods=("autoregressive", "kseq"), shard=False)
-  trees = dataclasses.replace(tails, decoding=dataclasses.replace(tails.decoding, tree=True))
+  trees = dataclasses.replace(tails, decoding=dataclasses.replace(tails.decoding, dedup=True))
   before = experiment.run_sweep(tails, pair)
   after = experiment.run_sweep(trees, pair)
   assert len(before) == len(after) == 4
@@ -509,7 +519,7 @@ def test_an_unknown_config_override_is_named():
     cwd=_REPO, capture_output=True, text=True,
   )  # fmt: skip
   assert out.returncode != 0
-  fields = "(branching, drafting, layer_stack, max_new_tokens, num_prompts"
+  fields = "(branching, dedup, drafting, layer_stack, max_new_tokens, num_prompts"
   assert f"--config.decoding has no field 'foo' {fields}" in out.stderr
 
 
@@ -566,11 +576,7 @@ def test_a_new_drafting_scheme_is_swept_against_every_verifier_exact_for_it(pair
   with pytest.raises(ValueError, match=r"method 'rrs' is not exact for drafting scheme 'toy_iid'"):
     sweep_config(tmp_path, methods=("rrs",), decoding=decoding)
   with pytest.raises(ValueError, match=r"'specinfer' is not exact for .*'wor'.*: sd, rrs"):
-    engine.generate(
-      jax.random.key(0), draft=pair.draft, target=pair.target,
-      prompts=jnp.ones((1, 2), jnp.int32), prompt_lengths=jnp.full((1,), 2),
-      method="specinfer", num_drafts=2, draft_len=2, max_new_tokens=4, drafting="wor",
-    )  # fmt: skip
+    DecodeSpec(method="specinfer", num_drafts=2, draft_len=2, drafting="wor")
 
 
 def test_cells_keep_the_keys_they_had_before_the_drafting_axis():
@@ -584,7 +590,7 @@ def test_cells_keep_the_keys_they_had_before_the_drafting_axis():
   }
   for (method, k, draft_len, rho), key in before.items():
     tree = method == "rrs"
-    settings = DecodeSettings(tree=tree, branching="proportional" if tree else "")
+    settings = DecodeSettings(dedup=tree, branching="proportional" if tree else "")
     cell = experiment.Cell(method, k, draft_len, rho, 0, settings, "abc123")
     assert cell.key == key, method
   # A sweep naming a method's own default scheme keeps its keys too (`expand` stores the

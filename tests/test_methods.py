@@ -200,16 +200,16 @@ def test_the_walk_reports_overshoot_only_for_an_invalid_rho(name):
 
 
 def test_every_list_of_methods_names_the_whole_registry():
-  """README.md's and `engine.generate`'s lists of methods name every registered method
-  (they listed 7 of 10)."""
+  """README.md's and `DecodeSpec`'s lists of methods name every registered method (they
+  listed 7 of 10)."""
   import pathlib
 
-  from spectr_jax import engine
+  from spectr_jax.config import DecodeSpec
 
   readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
   listed = readme[readme.index("`method` is a name of the registry") :][:600]
-  doc = engine.generate.__doc__
-  described = doc[doc.index("method: a name of the method registry") :][:400]
+  doc = DecodeSpec.__doc__
+  described = doc[doc.index("method: the verifier, a name of the method registry") :][:400]
   for name in methods.names():
     assert f'"{name}"' in listed, f"README.md's list of methods lacks {name!r}"
-    assert f'"{name}"' in described, f"engine.generate's docstring lacks {name!r}"
+    assert f'"{name}"' in described, f"DecodeSpec's docstring lacks {name!r}"

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from spectr_jax import engine, rounds, sharding
+from spectr_jax.config import DecodeSpec
 from spectr_jax.models import (
   Decoder,
   KVCache,
@@ -557,15 +558,11 @@ def test_a_family_added_as_one_module_decodes_in_the_engine_and_shards_by_its_ax
   lengths = jnp.asarray([3, 2])
   out = engine.generate(
     jax.random.key(0),
+    DecodeSpec(method="kseq", num_drafts=2, draft_len=3, max_new_tokens=6, temperature=0.0),
     draft=draft,
     target=target,
     prompts=prompts,
     prompt_lengths=lengths,
-    method="kseq",
-    num_drafts=2,
-    draft_len=3,
-    max_new_tokens=6,
-    temperature=0.0,
   )
   forward = jax.jit(target.decoder.logits)
   for row in range(2):

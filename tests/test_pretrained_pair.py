@@ -15,7 +15,7 @@ import pytest
 from configs import lm1b_spectr
 from spectr_jax import config as config_lib
 from spectr_jax import engine, experiment, pairs, sampling
-from spectr_jax.config import PairConfig
+from spectr_jax.config import DecodeSpec, PairConfig
 from spectr_jax.data import DataError, HFTokenizer
 from spectr_jax.models import load_pretrained
 from spectr_jax.testing import hf_checkpoints
@@ -107,12 +107,11 @@ def test_greedy_spectr_on_a_loaded_pair_equals_greedy_target(tmp_path, family):
   draft_dir, target_dir = _pair_dirs(tmp_path, family)
   pair = pairs.load_pair(PairConfig("pretrained", str(draft_dir), str(target_dir)))
   prompts = jnp.asarray(np.random.default_rng(0).integers(4, 300, (4, 5)), jnp.int32)
-  kw = dict(target=pair.target, prompts=prompts, prompt_lengths=jnp.array([5, 3, 4, 1]),
-            max_new_tokens=10, temperature=0.0)  # fmt: skip
-  ar = engine.generate(jax.random.key(0), draft=None, method="autoregressive", **kw)
-  out = engine.generate(
-    jax.random.key(1), draft=pair.draft, method="kseq", num_drafts=2, draft_len=3, **kw
-  )
+  kw = dict(target=pair.target, prompts=prompts, prompt_lengths=jnp.array([5, 3, 4, 1]))
+  greedy = DecodeSpec(method="autoregressive", max_new_tokens=10, temperature=0.0)
+  ar = engine.generate(jax.random.key(0), greedy, draft=None, **kw)
+  spec = greedy.replace(method="kseq", num_drafts=2, draft_len=3)
+  out = engine.generate(jax.random.key(1), spec, draft=pair.draft, **kw)
   np.testing.assert_array_equal(np.asarray(out.tokens_BxT), np.asarray(ar.tokens_BxT))
 
 
@@ -139,9 +138,9 @@ def test_engine_is_exact_on_a_loaded_gemma2_pair(tmp_path, method, num_drafts):
   law = _law(target, seqs, full)
   b = 40_000
   out = engine.generate(
-    jax.random.key(3), draft=draft, target=target, method=method, num_drafts=num_drafts,
-    draft_len=2, prompts=jnp.tile(jnp.asarray([PROMPT], jnp.int32), (b, 1)),
-    prompt_lengths=jnp.full((b,), 5), max_new_tokens=3,
+    jax.random.key(3), DecodeSpec(method=method, num_drafts=num_drafts, draft_len=2,
+    max_new_tokens=3), draft=draft, target=target,
+    prompts=jnp.tile(jnp.asarray([PROMPT], jnp.int32), (b, 1)), prompt_lengths=jnp.full((b,), 5),
   )  # fmt: skip
   codes = np.asarray(out.tokens_BxT) @ (V_LAW ** np.arange(3)[::-1])
   counts = np.bincount(codes, minlength=law.size)

@@ -76,15 +76,15 @@ def test_tree_shapes_are_labelled_and_compared_with_their_baselines(tmp_path, mo
   for seed in (0, 1):
     records.append(_record("kseq", 4, 4, seed, [16, 16], [8, 8], 2.0, rho="star"))
     records.append(_record("rrs", 4, 4, seed, [16, 16], [4, 4], 2.0, branching="proportional"))
-    records.append(_record("rrs", 4, 4, seed, [16, 16], [8, 4], 2.0, tree=True))
+    records.append(_record("rrs", 4, 4, seed, [16, 16], [8, 4], 2.0, dedup=True))
   rrs = methods.get("rrs").label
   labels = {r["label"]: r for r in report.summarize(records)}
-  assert {f"{rrs} (proportional)", f"{rrs} (tree)"} < set(labels)
+  assert {f"{rrs} (proportional)", f"{rrs} (dedup)"} < set(labels)
   assert labels[f"{rrs} (proportional)"]["branching"] == "proportional"
   gains = {r["method"]: r for r in report.paired_gains(records) if r["baseline"] == "kseq"}
   assert gains["rrs (proportional)"]["ratio"] == pytest.approx(2.0)
-  assert "rrs (tree)" not in gains  # its baseline would be kseq's tree cells: none here
-  assert report.variant({"branching": "proportional", "tree": True}) == " (proportional, tree)"
+  assert "rrs (dedup)" not in gains  # its baseline would be kseq's tree cells: none here
+  assert report.variant({"branching": "proportional", "tree": True}) == " (proportional, dedup)"
   assert report.variant({"tree": False}) == ""
   from matplotlib.axes import Axes
 
@@ -96,7 +96,7 @@ def test_tree_shapes_are_labelled_and_compared_with_their_baselines(tmp_path, mo
 
   monkeypatch.setattr(Axes, "errorbar", errorbar)
   report.plot_block_efficiency(list(labels.values()), tmp_path / "be.png")
-  assert {f"{rrs} (proportional) L=4", f"{rrs} (tree) L=4"} <= set(drawn)  # a line each
+  assert {f"{rrs} (proportional) L=4", f"{rrs} (dedup) L=4"} <= set(drawn)  # a line each
 
 
 def test_every_method_has_its_own_colour_and_inexact_rows_are_hollow(tmp_path, monkeypatch):
@@ -239,9 +239,9 @@ def test_the_predicted_column_names_its_latency_model(tmp_path):
   costs = _costs()
   records = _records() + [
     _record("kseq", 2, 4, 0, [16, 16], [6, 6], 3.0, rho="star"),
-    _record("kseq", 4, 4, 0, [16, 16], [6, 6], 3.0, rho="star", tree=True),
+    _record("kseq", 4, 4, 0, [16, 16], [6, 6], 3.0, rho="star", dedup=True),
   ]
-  rows = {(r["method"], r["K"], r["rho"], r["tree"]): r for r in report.summarize(records, costs)}
+  rows = {(r["method"], r["K"], r["rho"], r["dedup"]): r for r in report.summarize(records, costs)}
   star = rows[("kseq", 4, "star", False)]
   assert star["latency_model"] == metrics.MEASURED
   assert star["predicted_speedup"] == pytest.approx(costs.speedup(3.2, "kseq", 4, 4))

@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spectr_jax import engine, methods, sharding
+from spectr_jax.config import DecodeSpec
 from spectr_jax.models import (
   ModelBundle,
   get_model_config,
@@ -186,23 +187,21 @@ def test_model_sharded_logits_match_one_device(pair, shape):
       np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=0)
 
 
-def _decode(pair, method, mesh, k=2, length=2, tree=False):
+def _decode(pair, method, mesh, k=2, length=2, dedup=False):
   draft, target = pair
   rng = np.random.default_rng(5)
   prompts = rng.integers(0, V, (12, 5)).astype(np.int32)
   lengths = rng.integers(1, 6, 12)
+  k = 1 if method in ("sd", "block", "autoregressive") else k
+  spec = DecodeSpec(method=method, num_drafts=k, draft_len=length, max_new_tokens=8, dedup=dedup)
   return engine.generate(
     jax.random.key(4),
+    spec,
     draft=draft,
     target=target,
     prompts=prompts,
     prompt_lengths=lengths,
-    method=method,
-    num_drafts=1 if method in ("sd", "block", "autoregressive") else k,
-    draft_len=length,
-    max_new_tokens=8,
     mesh=mesh,
-    tree=tree,
   )
 
 
@@ -212,11 +211,11 @@ def test_tree_rounds_on_a_mesh_give_the_tokens_of_one_device(pair):
   data mesh give the tokens of one device bit for bit, and on a (2, 4) mesh (heads, MLP
   and vocabulary over "model") those of the tails where no last-bit difference flips a
   draw."""
-  single = _decode(pair, "kseq", None, k=3, tree=True)
-  out = _decode(pair, "kseq", _mesh(8, 1), k=3, tree=True)
+  single = _decode(pair, "kseq", None, k=3, dedup=True)
+  out = _decode(pair, "kseq", _mesh(8, 1), k=3, dedup=True)
   np.testing.assert_array_equal(np.asarray(out.tokens_BxT), np.asarray(single.tokens_BxT))
   np.testing.assert_array_equal(np.asarray(out.stats.nodes_B), np.asarray(single.stats.nodes_B))
-  sharded = _decode(pair, "kseq", _mesh(2, 4), k=3, tree=True)
+  sharded = _decode(pair, "kseq", _mesh(2, 4), k=3, dedup=True)
   tails = _decode(pair, "kseq", None, k=3)
   agree = float(np.mean(np.asarray(sharded.tokens_BxT) == np.asarray(tails.tokens_BxT)))
   assert agree >= 0.95, agree
