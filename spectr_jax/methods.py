@@ -244,7 +244,7 @@ class Method:
 # One draft sequence is a draw from the draft model under either law.
 ONE_DRAFT_LAWS = ("iid", "wor")
 # The optimal plan's workspace: its O(M^2) levels and rates at M = 128 cuts, 1232 KiB
-# measured at V = 1024, K = 2 (docs/PERFORMANCE.md; it grows little with V).
+# measured at V = 1024, K = 2 (docs/RESULTS.md, "Memory"; it grows little with V).
 PLAN_WORKSPACE_BYTES = 1232 * 1024
 
 METHODS: dict[str, Method] = {

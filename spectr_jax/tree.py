@@ -97,7 +97,7 @@ def node_buckets(num_drafts: int, draft_len: int, num_sizes: int = 2) -> tuple[i
   nodes: every path equal, as in greedy decoding; rounded up to a multiple of 8), the
   largest, N = 1 + K * L, and `num_sizes` - 2 evenly between them (multiples of 8). A
   round pays for the smallest size that holds all its rows' trees; each size is one
-  compiled target call in the program (docs/PERFORMANCE.md, "Token trees": at
+  compiled target call in the program (docs/RESULTS.md, "Dedup against tails": at
   temperature 1 a round nearly always needs N).
 
   Args:

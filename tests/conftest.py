@@ -24,7 +24,7 @@ os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0" if _optimise_all else "1"
 # XLA's CPU compiler has two code generators for fused operations: the MLIR fusion
 # emitters (its default) and the classic elemental ones. The classic ones compile the
 # suite's programs about 1.6x faster at either level and run them no slower (the fast
-# tier 3:30 against 5:24, back to back; docs/PERFORMANCE.md), so every test uses them
+# tier 3:30 against 5:24, back to back; docs/RESULTS.md, "The test suite"), so every test uses them
 # unless SPECTR_TEST_OPTIMIZED=1 asks for XLA's default CPU build throughout. The flag is
 # probed first: XLA aborts the process on a flag it does not know, and a later jaxlib
 # may drop this one.
