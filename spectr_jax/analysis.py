@@ -173,9 +173,16 @@ def _fields(result) -> dict[str, np.ndarray]:
   return {"hit": np.asarray(result)}
 
 
-def _multi_draft() -> list[methods.Method]:
-  """The multi-draft methods of the registry with a closed-form acceptance, in order."""
-  return [m for m in methods.METHODS.values() if m.multi_draft and m.acceptance]
+def _multi_draft(drafting: str = "") -> list[tuple[methods.Method, str]]:
+  """(method, drafting scheme) of the multi-draft methods of the registry with a
+  closed-form acceptance, in order: each with its own scheme (drafting "") or, for a
+  named scheme, those exact for its law (their closed forms are of that law)."""
+  law = methods.get_drafting(drafting).law if drafting else ""
+  return [
+    (m, drafting or m.drafting)
+    for m in methods.METHODS.values()
+    if m.multi_draft and m.acceptance and (not law or law in m.exact_for)
+  ]
 
 
 def _bound_name(scheme: str) -> str:
@@ -184,15 +191,18 @@ def _bound_name(scheme: str) -> str:
 
 
 def position_metrics(
-  p_XxV: jax.Array, q_XxV: jax.Array, k: int, rhos: Sequence[str | float]
+  p_XxV: jax.Array, q_XxV: jax.Array, k: int, rhos: Sequence[str | float], drafting: str = ""
 ) -> dict[str, dict[str, np.ndarray]]:
-  """Exact per-position acceptance of every strategy with k i.i.d. drafts.
+  """Exact per-position acceptance of every strategy with k drafts, beside the bound of
+  each strategy's drafting law.
 
   Args:
     p_XxV, q_XxV: draft and target distributions at X positions.
     k: number of drafts.
     rhos: split factors of the methods that take one ("star", "k" or numbers; numbers
       are clipped to [1, k]).
+    drafting: the drafting scheme of every method ("" for each method's own); with one
+      named, the methods exact for its law, each beside that scheme's bound.
 
   Returns:
     {strategy name: arrays [X]} for every multi-draft method of the registry with a
@@ -204,7 +214,7 @@ def position_metrics(
     "optimal:wor") and rho*'s split factor under "rho_star" ({"rho"}).
   """
   out = {}
-  for method in _multi_draft():
+  for method, _ in _multi_draft(drafting):
     closed_form = method.acceptance_function()
     if not method.takes_rho:
       out[method.name] = _fields(closed_form(p_XxV, q_XxV, k))
@@ -216,45 +226,49 @@ def position_metrics(
     del out["rho*"]
   single = [m for m in methods.METHODS.values() if m.speculative and m.max_drafts == 1]
   out["single"] = _fields(single[0].acceptance_function()(p_XxV, q_XxV, 1))
-  for scheme in dict.fromkeys(["iid"] + [m.drafting for m in _multi_draft()]):
+  for scheme in dict.fromkeys(["iid"] + [scheme for _, scheme in _multi_draft(drafting)]):
     bound = methods.resolve(methods.DRAFTING[scheme].bound)
     out[_bound_name(scheme)] = {"hit": np.asarray(bound(p_XxV, q_XxV, k))}
   return out
 
 
 def summarize_metrics(
-  metrics: Mapping[str, Mapping[str, np.ndarray]], k: int, rhos: Sequence[str | float]
+  metrics: Mapping[str, Mapping[str, np.ndarray]],
+  k: int,
+  rhos: Sequence[str | float],
+  drafting: str = "",
 ) -> list[dict[str, Any]]:
   """One row per strategy (as `position_metrics` names them, in registry order) from
   `position_metrics`.
 
   Each row: K, strategy, acceptance (mean hit probability), optimal (mean bound of the
   method's drafting scheme: alpha* for i.i.d. drafts), gap (optimal - acceptance),
-  drafting (the scheme), bound (how `methods.DRAFTING` names its bound), p_accept (mean
+  drafting (the scheme of the strategy's drafts: `drafting`, or the method's own), bound
+  (how `methods.DRAFTING` names its bound), p_accept (mean
   accept-branch probability), mean_rho, below_star (share of positions where rho <
   rho*), invalid (share where the residual would be negative), mean_deficit (mean
   overshoot mass), positions.
   """
   rho_star_X = metrics["rho_star"]["rho"]
   names = []
-  for method in _multi_draft():
+  for method, scheme in _multi_draft(drafting):
     names += (
-      [(results.strategy_name(r), method) for r in rhos]
+      [(results.strategy_name(r), scheme) for r in rhos]
       if method.takes_rho
-      else [(method.name, method)]
+      else [(method.name, scheme)]
     )
   rows = []
-  for name, method in names:
+  for name, scheme in names:
     m = metrics[name]
-    optimal_X = metrics[_bound_name(method.drafting)]["hit"]
+    optimal_X = metrics[_bound_name(scheme)]["hit"]
     row = {
       "K": k,
       "strategy": name,
       "acceptance": float(np.mean(m["hit"])),
       "optimal": float(np.mean(optimal_X)),
       "gap": float(np.mean(optimal_X - m["hit"])),
-      "drafting": method.drafting,
-      "bound": methods.DRAFTING[method.drafting].bound_label,
+      "drafting": scheme,
+      "bound": methods.DRAFTING[scheme].bound_label,
       "positions": int(optimal_X.size),
     }
     if "rho" in m:
@@ -310,12 +324,12 @@ def rho_ablation(pair: pairs.Pair, sweep: SweepConfig, config: AnalysisConfig) -
     rows = slice(start, min(start + config.batch_size, config.num_prompts))
     p_XxV, q_XxV = _chunk_positions(pair, prompts, rows, config, seed, decoding)
     for k in config.num_drafts:
-      per_k[k].append(position_metrics(p_XxV, q_XxV, k, rhos_for(sweep.rhos, k)))
+      per_k[k].append(position_metrics(p_XxV, q_XxV, k, rhos_for(sweep.rhos, k), decoding.drafting))
     logging.info("rho ablation: %d/%d prompts", rows.stop, config.num_prompts)
   result = {"positions": 0, "single": 0.0, "rows": []}
   for k, chunks in per_k.items():
     metrics = jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
-    result["rows"] += summarize_metrics(metrics, k, rhos_for(sweep.rhos, k))
+    result["rows"] += summarize_metrics(metrics, k, rhos_for(sweep.rhos, k), decoding.drafting)
     result["positions"] = int(metrics["single"]["hit"].size)
     result["single"] = float(np.mean(metrics["single"]["hit"]))
   return result
@@ -360,7 +374,7 @@ def _run_rho_ablation(config, pair, provenance_config):
     "pair": pair.fingerprint,
     "trajectories": "engine",
     # The rows: which strategies (and the drafting scheme whose bound each row shows).
-    "strategies": [(m.name, m.drafting) for m in _multi_draft()],
+    "strategies": [(m.name, scheme) for m, scheme in _multi_draft(config.sweep.decoding.drafting)],
   }
   key = hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
   path = config.sweep.results_path / results.ANALYSIS_FILE

@@ -70,6 +70,22 @@ def test_summary_separates_below_rho_star_from_invalid():
   assert rows["rho*"]["positions"] == 2 and "invalid" not in rows["specinfer"]
 
 
+def test_a_named_scheme_puts_each_method_beside_its_own_laws_bound():
+  """With a drafting scheme named (a toy i.i.d. scheme), the rows are the methods exact
+  for its law, each beside that scheme's bound; RRS (exact for drafts without
+  replacement only) has no row."""
+  from tests import toy_drafting
+
+  p, q = _pairs(2, 3)
+  scheme = toy_drafting.SCHEME.name
+  metrics = analysis.position_metrics(jnp.asarray(p), jnp.asarray(q), 2, ("star",), scheme)
+  rows = analysis.summarize_metrics(metrics, 2, ("star",), scheme)
+  assert [r["strategy"] for r in rows] == ["rho*", "specinfer", "optimal"]
+  assert {r["drafting"] for r in rows} == {scheme}
+  assert {r["bound"] for r in rows} == {toy_drafting.SCHEME.bound_label}
+  np.testing.assert_allclose(metrics[f"optimal:{scheme}"]["hit"], metrics["optimal"]["hit"])
+
+
 @pytest.mark.slow
 def test_trajectories_hold_the_models_distributions(pair):
   prompts = data.make_prompts(pair.heldout, 3, 4, seed=0)
