@@ -4,6 +4,8 @@ import dataclasses
 import errno
 import json
 import os
+import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from configs import lm1b_spectr, rho_ablation
-from spectr_jax import checks, drafting, experiment, memory, methods, pairs, report, results
+from spectr_jax import checks, drafting, engine, experiment, memory, methods, pairs, report, results
 from spectr_jax.config import (
   SWEEP_BRANCHINGS,
   DecodeSettings,
@@ -603,3 +605,28 @@ def test_cells_keep_the_keys_they_had_before_the_drafting_axis():
     (cell,) = experiment.expand(dataclasses.replace(config, decoding=decoding), "abc123")
     plain = experiment.expand(config, "abc123")[0]
     assert (cell.key == plain.key) == same, scheme
+
+
+def test_a_results_store_written_before_the_decode_spec_is_resumed_not_redone(
+  tmp_path, monkeypatch
+):
+  """tests/data/store_before_spec: a sweep (autoregressive, kseq, rrs; tree scoring and a
+  proportional branching) stored by the code before `DecodeSpec`, when the flag was named
+  `tree`. The same sweep now (`dedup`) finds every cell stored and decodes nothing; the
+  report reads the records and labels their dedup rounds."""
+  store = pathlib.Path(__file__).parent / "data" / "store_before_spec"
+  config = sweep_config(tmp_path, methods=("autoregressive", "kseq", "rrs"), shard=False)
+  config = dataclasses.replace(config, num_drafts=(2,), draft_lens=(2,), seeds=(0,))
+  settings = dict(dedup=True, branching="proportional", num_prompts=2, max_new_tokens=4)
+  config = dataclasses.replace(config, decoding=dataclasses.replace(config.decoding, **settings))
+  config.results_path.mkdir(parents=True)
+  shutil.copy(store / results.RESULTS_FILE, config.results_path)
+
+  def decode(*args, **kwargs):
+    raise AssertionError("a stored cell was decoded again")
+
+  monkeypatch.setattr(engine, "generate", decode)
+  records = experiment.run_sweep(config, random_pair())
+  assert len(records) == 3
+  labels = {r["label"] for r in report.summarize(records)}
+  assert f"{methods.get('rrs').label} (proportional, dedup)" in labels
