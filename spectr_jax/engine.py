@@ -114,7 +114,7 @@ def compiler_options(mesh: jax.sharding.Mesh | None = None) -> dict[str, bool | 
     default), so the commit's writes into the caches need no copy of them.
   - `xla_gpu_enable_command_buffer`: XLA's default command types (kernels, cuBLAS,
     cuBLASLt, custom calls, cuDNN) plus WHILE and CONDITIONAL, so a round's fixed-trip
-    loops and the tree round's node-count switch are captured into CUDA graphs (with
+    loops and the dedup round's node-count switch are captured into CUDA graphs (with
     conditional nodes) instead of launching their kernels one by one and copying each
     predicate to the host.
   Not yet measured on a GPU (docs/PERFORMANCE.md, "On an accelerator"); `XLA_FLAGS`

@@ -1,4 +1,4 @@
-"""The draft of a tree round: each shared prefix computed once (issue 27).
+"""The draft of a dedup round: each shared prefix computed once (issue 27).
 
 Every drafting scheme run with the decoder's `take_tails` (dedup rounds) against
 the same scheme on K tails: the same tokens, the same p and the same cache tails within

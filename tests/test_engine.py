@@ -201,7 +201,7 @@ def _tree_cases():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method, num_drafts, kw", _tree_cases(), ids=lambda c: str(c))
-def test_tree_rounds_give_every_method_the_tokens_of_its_tails(models, method, num_drafts, kw):
+def test_dedup_rounds_give_every_method_the_tokens_of_its_tails(models, method, num_drafts, kw):
   """Issue 27, item 2: with the same keys, every verifier emits the same tokens from a
   scored tree as from K tails (its q is the tails' within float32 rounding, so a row may
   differ only where a uniform lands within that rounding of a threshold), so each
@@ -219,9 +219,9 @@ def test_tree_rounds_give_every_method_the_tokens_of_its_tails(models, method, n
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method, kw", [("kseq", {}), ("rrs", {"branching": "proportional"})])
-def test_tree_rounds_on_ragged_prompts_with_top_p_and_eos_give_the_tails_tokens(models, method, kw):
+def test_dedup_rounds_on_ragged_prompts_with_top_p_and_eos_give_the_tails_tokens(models, method, kw):
   """Issue 27, item 4: ragged prompts (lengths 1-5), top-p on both models and an EOS that
-  stops some rows: the tree rounds emit the tails' tokens for the same keys."""
+  stops some rows: the dedup rounds emit the tails' tokens for the same keys."""
   draft, target = models
   rng = np.random.default_rng(3)
   b = 256

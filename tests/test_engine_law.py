@@ -57,7 +57,7 @@ def test_engine_output_law_is_target_law(models, method, num_drafts, draft_len):
 @pytest.mark.parametrize(
   "method, temperature, top_k", [("kseq", 1.0, None), ("gbv", 1.0, None), ("rrs", 0.6, 3)]
 )
-def test_tree_rounds_keep_the_output_law(models, method, temperature, top_k):
+def test_dedup_rounds_keep_the_output_law(models, method, temperature, top_k):
   """The engine with tree scoring (K = 3, L = 2): the (transformed) target's law, several
   rounds; drafts without replacement (rrs) with temperature and top-k on both models."""
   draft, target = models
@@ -99,8 +99,8 @@ def test_tree_drafts_keep_the_output_law(models, method, branching, dedup):
 
 
 @pytest.mark.slow
-def test_tree_rounds_reject_a_commit_of_the_wrong_path(models, monkeypatch):
-  """A tree round that commits path 0's nodes whatever path survived must be caught."""
+def test_dedup_rounds_reject_a_commit_of_the_wrong_path(models, monkeypatch):
+  """A dedup round that commits path 0's nodes whatever path survived must be caught."""
   real = TransformerDecoder.commit_nodes
 
   def first_path(self, cache, slots_BxW, num_B):

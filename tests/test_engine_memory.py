@@ -13,7 +13,7 @@ from spectr_jax.models import ModelBundle, get_model_config, init_params
 
 V = 1024
 # (method, B, K, L, new tokens, prompt width, tree): three sizes, three kinds of verifier,
-# and a tree round (its draft's distinct prefixes and target's node sizes under lax.switch).
+# and a dedup round (its draft's distinct prefixes and target's node sizes under lax.switch).
 SIZES = [
   ("sd", 2, 1, 4, 24, 8, False),
   ("kseq", 4, 4, 3, 40, 8, False),

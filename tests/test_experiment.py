@@ -259,7 +259,7 @@ def test_a_branching_applies_to_the_cells_of_schemes_that_draw_trees(tmp_path):
 
 
 @pytest.mark.slow
-def test_tree_cells_decode_the_tails_tokens_on_fewer_target_positions(pair, tmp_path):
+def test_dedup_cells_decode_the_tails_tokens_on_fewer_target_positions(pair, tmp_path):
   """Issue 27: a sweep with `decoding.tree` stores its cells with drafts under their own
   keys beside the tails' cells (whose records do not name `tree`) and shares the
   autoregressive cells; on this pair the tree cells emit the same tokens per prompt and

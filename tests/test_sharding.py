@@ -206,8 +206,8 @@ def _decode(pair, method, mesh, k=2, length=2, dedup=False):
 
 
 @pytest.mark.slow
-def test_tree_rounds_on_a_mesh_give_the_tokens_of_one_device(pair):
-  """Issue 27: tree rounds (the node count and its compiled size chosen per shard) on a
+def test_dedup_rounds_on_a_mesh_give_the_tokens_of_one_device(pair):
+  """Issue 27: dedup rounds (the node count and its compiled size chosen per shard) on a
   data mesh give the tokens of one device bit for bit, and on a (2, 4) mesh (heads, MLP
   and vocabulary over "model") those of the tails where no last-bit difference flips a
   draw."""
