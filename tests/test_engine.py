@@ -219,7 +219,9 @@ def test_dedup_rounds_give_every_method_the_tokens_of_its_tails(models, method, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method, kw", [("kseq", {}), ("rrs", {"branching": "proportional"})])
-def test_dedup_rounds_on_ragged_prompts_with_top_p_and_eos_give_the_tails_tokens(models, method, kw):
+def test_dedup_rounds_on_ragged_prompts_with_top_p_and_eos_give_the_tails_tokens(
+  models, method, kw
+):
   """Issue 27, item 4: ragged prompts (lengths 1-5), top-p on both models and an EOS that
   stops some rows: the dedup rounds emit the tails' tokens for the same keys."""
   draft, target = models
