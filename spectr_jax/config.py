@@ -678,17 +678,16 @@ class DecodeSpec(Schema):
     """
     parts = text.split(":")
     method, _, drafting = parts[0].partition("/")
-    try:
-      if len(parts) > 4 or (len(parts) not in (1, 3, 4)):
-        raise ValueError("expected 1, 3 or 4 fields")
-      sizes = dict(num_drafts=int(parts[1]), draft_len=int(parts[2])) if len(parts) > 1 else {}
-    except ValueError as error:
+    sizes = parts[1:3]
+    if len(parts) not in (1, 3, 4) or not all(s.isdigit() for s in sizes):
       raise ValueError(
-        f"{text!r}: expected method[/drafting]:K:L[:branching] (e.g. 'kseq:8:4', "
-        f"'rrs/wor:8:4:4x2x1x1') or a method alone ({error})"
-      ) from None
+        f"{text!r}: expected method[/drafting]:K:L[:branching] with K and L integers (e.g. "
+        "'kseq:8:4', 'rrs/wor:8:4:4x2x1x1') or a method alone ('autoregressive')"
+      )
+    if sizes:
+      fields.update(num_drafts=int(sizes[0]), draft_len=int(sizes[1]))
     branching = parts[3] if len(parts) == 4 else fields.pop("branching", "")
-    return cls(method=method, drafting=drafting, branching=branching, **sizes, **fields)
+    return cls(method=method, drafting=drafting, branching=branching, **fields)
 
   def label(self) -> str:
     """The short form `parse` reads (with rho where it is not "star", dedup marked)."""
