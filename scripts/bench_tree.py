@@ -35,7 +35,7 @@ import pathlib
 import jax
 import numpy as np
 from absl import app, flags
-from bench_decode import CALLS, bench_prompts, load_pair, part_timers
+from bench_decode import CALLS, bench_prompts, load_pair, parse_specs, part_timers
 
 from spectr_jax import drafting, engine, tables
 from spectr_jax.config import DecodeSpec
@@ -88,13 +88,13 @@ def parse_configs(text: str, **fields) -> list[DecodeSpec]:
   """ "method[/drafting]:K:L[:branching],..." -> their `DecodeSpec`s (`DecodeSpec.parse`;
   `fields` set the rest, e.g. max_new_tokens). A branching may also be written with
   dashes ("4-2-1-1", the form this script took before)."""
-  specs = []
+  items = []
   for item in text.split(","):
-    head, *branching = item.strip().rsplit(":", 1) if item.count(":") == 3 else (item.strip(),)
-    if branching:
-      head += ":" + branching[0].replace("-", "x")
-    specs.append(DecodeSpec.parse(head, **fields))
-  return specs
+    parts = item.strip().split(":")
+    if len(parts) == 4:
+      parts[3] = parts[3].replace("-", "x")
+    items.append(":".join(parts))
+  return parse_specs(",".join(items), **fields)
 
 
 def decode(draft, target, prompts, lengths, spec: DecodeSpec):
