@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from spectr_jax import acceptance, sampling, verify
+from spectr_jax import acceptance, sampling, tables, verify
 
 _SAMPLES = flags.DEFINE_integer("samples", 20_000, "Monte Carlo samples per K-SEQ check.")
 
@@ -43,16 +43,16 @@ def _monte_carlo_hit(p_V, q_V, k, samples):
 def main(argv):
   del argv
   methods = ("single", "kseq-star", "kseq-k", "specinfer", "optimal")
-  header = "| pair | k | " + " | ".join(methods) + " | kseq-star (Monte Carlo) |"
-  print(header)
-  print("|" + "---|" * (len(methods) + 3))
+  cols = [("pair", "pair", "{}"), ("k", "k", "{}")]
+  cols += [(m, m, "{:.4f}") for m in methods] + [("mc", "kseq-star (Monte Carlo)", "{:.4f}")]
+  print(tables.markdown([], cols))
   for name, (p, q) in _pairs().items():
     p_V, q_V = jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
     for k in (1, 2, 4, 8):
       exact = acceptance.compare_methods(p_V, q_V, k)
       mc = _monte_carlo_hit(p_V, q_V, k, _SAMPLES.value)
-      cells = " | ".join(f"{exact[m]:.4f}" for m in methods)
-      print(f"| {name} | {k} | {cells} | {mc:.4f} |", flush=True)
+      row = {"pair": name, "k": k, "mc": mc, **{m: float(exact[m]) for m in methods}}
+      print(tables.markdown([row], cols).splitlines()[-1], flush=True)
 
 
 if __name__ == "__main__":

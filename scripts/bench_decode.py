@@ -48,12 +48,15 @@ With --draft_dir and --target_dir (Hugging Face checkpoints or training runs, e.
 random checkpoint pair written by spectr_jax/testing/hf_checkpoints.py) it times that pair on random
 prompts instead (all embedding rows are sampled: random weights, acceptance means nothing).
 
+Configurations are `config.DecodeSpec.parse`'s short form, method[/drafting]:K:L[:branching]
+(e.g. "kseq:8:4", "sd/iid:1:4", "rrs/wor:8:4:4x2x1x1"), and the table names them by
+`DecodeSpec.label`. The cost table is keyed by method, K and L alone.
+
 Usage: python scripts/bench_decode.py [--batch 4] [--max_new_tokens 64] [--repeats 5]
-         [--configs autoregressive:1:0,sd:1:4,kseq:8:8,...] [--draft_dir D --target_dir T]
+         [--configs autoregressive,sd:1:4,kseq:8:8,...] [--draft_dir D --target_dir T]
          [--cost_table PATH]
 """
 
-import argparse
 import functools
 import os
 import pathlib
@@ -61,15 +64,53 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 
-from spectr_jax import data, engine, metrics, pairs, rounds
-from spectr_jax.config import DecodeSettings, PairConfig
+from spectr_jax import data, engine, metrics, pairs, rounds, tables
+from spectr_jax.config import DecodeSpec, PairConfig
 from spectr_jax.models import ModelBundle, count_params, get_model_config, init_params, reset_tails
-from spectr_jax.timing import interleaved_medians, markdown_table
+from spectr_jax.timing import interleaved_medians
 
 DEFAULT_CONFIGS = (
   "autoregressive:1:0,sd:1:4,sd:1:8,kseq:2:4,kseq:4:4,kseq:8:4,specinfer:8:4,kseq:8:8"
 )
+
+# The script's own flags when run; private ones when imported (tests load several scripts
+# into one process: their flags must not meet in absl's global FLAGS).
+FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
+_BATCH = flags.DEFINE_integer("batch", 4, "Prompts (rows) per call.", flag_values=FLAGS)
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 8, "Tokens per prompt.", flag_values=FLAGS)
+_MAX_NEW_TOKENS = flags.DEFINE_integer(
+  "max_new_tokens", 64, "Tokens generated per row.", flag_values=FLAGS
+)
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats per timer.", flag_values=FLAGS)
+_CONFIGS = flags.DEFINE_string(
+  "configs", DEFAULT_CONFIGS, "method[/drafting]:K:L[:branching],...", flag_values=FLAGS
+)
+_WORKDIR = flags.DEFINE_string(
+  "workdir", str(data.default_workdir()), "Where the pair is.", flag_values=FLAGS
+)
+_DRAFT_DIR = flags.DEFINE_string(
+  "draft_dir", None, "A draft checkpoint or run directory.", flag_values=FLAGS
+)
+_TARGET_DIR = flags.DEFINE_string(
+  "target_dir", None, "A target checkpoint or run directory.", flag_values=FLAGS
+)
+_COST_TABLE = flags.DEFINE_string(
+  "cost_table", None, "Where the measured cost table goes (default <workdir>/cost_table.json).",
+  flag_values=FLAGS,
+)  # fmt: skip
+
+
+def parse_specs(text: str, **fields) -> list[DecodeSpec]:
+  """The `DecodeSpec`s of a comma-separated list of short forms (`DecodeSpec.parse`;
+  `fields` set the rest, e.g. max_new_tokens)."""
+  return [DecodeSpec.parse(c.strip(), **fields) for c in text.split(",") if c.strip()]
+
+
+def cost_key(spec: DecodeSpec) -> tuple[str, int, int]:
+  """(method, K, L): what the cost table knows of a spec."""
+  return spec.method, spec.num_drafts, spec.draft_len
 
 
 def load_pair(workdir):
@@ -123,9 +164,15 @@ def _varying(*xs):
   return jax.lax.optimization_barrier(xs)
 
 
+def round_spec(spec: DecodeSpec, draft, target) -> rounds.RoundSpec:
+  """The round description of `spec` on these bundles (`engine.round_spec`)."""
+  return engine.round_spec(spec, draft.config if spec.speculative else None, target.config)
+
+
 def model_calls(draft_spec, target_spec, draft, target, prompts, lengths, traced=None,
                 drafts_BxKxL=None):  # fmt: skip
   """A timer `(fn, args)` of a round's model calls, `CALLS` times in a loop (`_looped`):
+  (`draft_spec` and `target_spec` are `DecodeSpec`s, or `rounds.RoundSpec`s)
   the drafting of `draft_spec` (its L draft calls on K tails and their sampling), then the
   target call of `target_spec` (K(L + 1) positions per row and their probabilities) on
   the first draft token in every position; either spec may be None (the other model's
@@ -133,6 +180,10 @@ def model_calls(draft_spec, target_spec, draft, target, prompts, lengths, traced
   nodes depend on them). Each call consumes the previous one's output; the tails are
   reset instead of committed."""
   traced = TRACED if traced is None else traced
+  draft_spec, target_spec = (
+    round_spec(s, draft, target) if isinstance(s, DecodeSpec) else s
+    for s in (draft_spec, target_spec)
+  )
   last_B = jnp.take_along_axis(prompts, (lengths - 1)[:, None], 1)[:, 0]
   b = prompts.shape[0]
   params, caches, states = [None, None], [None, None], [None, None]
@@ -173,7 +224,11 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
   mostly weights and caches no longer warm in the processor's caches). "round loop" is
   the engine's own round (`rounds.run_round`: parts, commit, statistics, keys) in the
   same loop, from the state after the prefill, so that round and parts are timed by the
-  same harness."""
+  same harness. `spec` is a `DecodeSpec` (its traced values unless `traced` is given) or a
+  `rounds.RoundSpec`."""
+  if isinstance(spec, DecodeSpec):
+    traced = engine.traced_values(spec) if traced is None else traced
+    spec = round_spec(spec, draft, target)
   traced = TRACED if traced is None else traced
   draft_params = draft.params if spec.draft_len else None
   state = jax.jit(functools.partial(rounds.init_state, spec))(
@@ -225,38 +280,32 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
   return timers
 
 
-def _spec(method, num_drafts, draft_len, draft, target, max_new_tokens):
-  return engine.DecodeSpec(
-    method, num_drafts, draft_len, max_new_tokens, None, False, "star",
-    draft.config if draft_len else None, target.config,
-  )  # fmt: skip
-
-
-def cost_timers(configs, draft, target, prompts, lengths, max_new_tokens):
+def cost_timers(specs, draft, target, prompts, lengths):
   """The drafting timers of the cost table, `(name, K) -> (fn, args)`: "open" (the
   opening draft call on K tails, L = 1) and "steps" (the drafting of the config with the
   largest L at that K), each followed by an autoregressive target call in a loop, the two
   models alternating as in a round (`model_calls`; module docstring).
 
   Returns:
-    (timers, longest): longest[K] = (method, L) of the drafting timed at K.
+    (timers, longest): longest[K] = (spec, L) of the drafting timed at K.
   """
-  ar = _spec("autoregressive", 1, 0, draft, target, max_new_tokens)
+  ar = specs[0].replace(method="autoregressive")
   longest = {}
-  for method, k, n in configs:
+  for spec in specs:
+    k, n = spec.num_drafts, spec.draft_len
     if n and n >= longest.get(k, (None, 0))[1]:
-      longest[k] = (method, n)
+      longest[k] = (spec, n)
   timers = {}
-  for k, (method, n) in longest.items():
+  for k, (spec, n) in longest.items():
     for name, length in (("open", 1), ("steps", n))[: 1 + (n > 1)]:
-      spec = _spec(method, k, length, draft, target, max_new_tokens)
-      timers[(name, k)] = model_calls(spec, ar, draft, target, prompts, lengths)
+      drafted = spec.replace(draft_len=length, branching="")
+      timers[(name, k)] = model_calls(drafted, ar, draft, target, prompts, lengths)
   return timers, longest
 
 
-def cost_table(configs, ms, longest, round_ar_ms, draft, target, batch) -> metrics.CostTable:
+def cost_table(specs, ms, longest, round_ar_ms, draft, target, batch) -> metrics.CostTable:
   """The `metrics.CostTable` of this run (module docstring): `ms[key]` the median ms of
-  one call of each timer of `bench`, configs[0] autoregressive decoding."""
+  one call of each timer of `bench`, specs[0] autoregressive decoding."""
   target_1 = ms[(0, "target")]
   steps = {
     k: (ms[("steps", k)] - ms[("open", k)]) / (n - 1) for k, (_, n) in longest.items() if n > 1
@@ -270,15 +319,16 @@ def cost_table(configs, ms, longest, round_ar_ms, draft, target, batch) -> metri
     batch=batch,
     draft_open_ms={k: ms[("open", k)] - target_1 for k in longest},
     draft_step_ms=steps,
-    target_ms={k * (n + 1): ms[(i, "target")] for i, (_, k, n) in enumerate(configs)},
-    verify_ms={metrics.verify_key(*c): ms[(i, "verify")] for i, c in enumerate(configs)},
+    target_ms={s.num_drafts * (s.draft_len + 1): ms[(i, "target")] for i, s in enumerate(specs)},
+    verify_ms={metrics.verify_key(*cost_key(s)): ms[(i, "verify")] for i, s in enumerate(specs)},
     overhead_ms=round_ar_ms - target_1 - ms[(0, "verify")],
   )
 
 
-def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, repeats):
-  """(rows, cost table): one row per (method, K, L) (the first config must be
-  autoregressive, the baseline) and the `metrics.CostTable` measured in the same run.
+def bench(draft, target, prompts, lengths, specs: list[DecodeSpec], repeats):
+  """(rows, cost table): one row per `DecodeSpec` (the first must be autoregressive, the
+  baseline; all of one max_new_tokens) and the `metrics.CostTable` measured in the same
+  run.
 
   The round is (a run of `max_new_tokens` - a run of one token) / (the rounds between
   them), both one compiled program (the second stops at a traced token limit), so the
@@ -288,34 +338,36 @@ def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, re
   moves all rows alike and ratios across rows (a method's round over K-SEQ's, a speedup
   over autoregressive decoding, a predicted round over the measured one) are as
   meaningful as those inside a row."""
-  max_new_tokens = settings.max_new_tokens
-  timers, longest = cost_timers(configs, draft, target, prompts, lengths, max_new_tokens)
+  if specs[0].method != "autoregressive":
+    raise ValueError(f"the first spec must be autoregressive, got {specs[0].label()}")
+  max_new_tokens = specs[0].max_new_tokens
+  timers, longest = cost_timers(specs, draft, target, prompts, lengths)
   runs = []
-  for i, (method, num_drafts, draft_len) in enumerate(configs):
-    kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
-    kw.update(method=method, num_drafts=num_drafts, draft_len=draft_len)
-    kw.update(settings.sampling_args())
+  kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
+  for i, spec in enumerate(specs):
     # One program for both runs: the one-token run is a traced token limit.
-    run = functools.partial(engine.generate, max_new_tokens=max_new_tokens, **kw)
+    def run(key, token_limit=None, spec=spec):
+      return engine.generate(key, spec.replace(token_limit=token_limit), **kw)
+
     out = run(jax.random.key(0))
     one = run(jax.random.key(0), token_limit=1)
     extra = int(np.max(np.asarray(out.stats.rounds_B)) - np.max(np.asarray(one.stats.rounds_B)))
     tokens = lambda n, run=run: run(jax.random.key(0), token_limit=n).tokens_BxT
-    spec = _spec(method, num_drafts, draft_len, draft, target, max_new_tokens)
     config_timers = {"full": (tokens, (max_new_tokens,)), "one": (tokens, (1,))}
     config_timers.update(part_timers(spec, draft, target, prompts, lengths))
     timers.update({(i, name): timer for name, timer in config_timers.items()})
     runs.append((out, extra))
-    print(f"prepared {method}:{num_drafts}:{draft_len} ({i + 1}/{len(configs)})", flush=True)
+    print(f"prepared {spec.label()} ({i + 1}/{len(specs)})", flush=True)
   medians = interleaved_medians(timers, repeats)
   ms = {key: 1e3 * value / CALLS for key, value in medians.items()}
   round_ms = [
     1e3 * (medians[(i, "full")] - medians[(i, "one")]) / max(extra, 1)
     for i, (_, extra) in enumerate(runs)
   ]
-  costs = cost_table(configs, ms, longest, round_ms[0], draft, target, prompts.shape[0])
+  costs = cost_table(specs, ms, longest, round_ms[0], draft, target, prompts.shape[0])
   rows = []
-  for i, (method, num_drafts, draft_len) in enumerate(configs):
+  for i, spec in enumerate(specs):
+    method, num_drafts, draft_len = cost_key(spec)
     out = runs[i][0]
     emitted_B = np.asarray(out.stats.emitted_B)
     efficiency = float(out.stats.block_efficiency)
@@ -323,6 +375,7 @@ def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, re
     predicted_ms = costs.round_ms(method, num_drafts, draft_len)
     rows.append(
       dict(
+        config=spec.label(),
         method=method,
         K=num_drafts,
         L=draft_len,
@@ -348,9 +401,7 @@ def bench(draft, target, prompts, lengths, configs, settings: DecodeSettings, re
 
 def format_table(rows):
   cols = (
-    ("method", "method", "{}"),
-    ("K", "K", "{}"),
-    ("L", "L", "{}"),
+    ("config", "config", "{}"),
     ("efficiency", "block eff.", "{:.2f}"),
     ("batch_efficiency", "batch eff.", "{:.2f}"),
     ("tokens_per_s", "tokens/s", "{:.1f}"),
@@ -366,7 +417,7 @@ def format_table(rows):
     ("measured", "speedup measured", "{:.2f}x"),
     ("predicted", "predicted speedup (measured costs)", "{:.2f}x"),
   )
-  return markdown_table(rows, cols)
+  return tables.markdown(rows, cols)
 
 
 def format_costs(costs: metrics.CostTable) -> str:
@@ -379,41 +430,29 @@ def format_costs(costs: metrics.CostTable) -> str:
   return "\n".join(lines)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--batch", type=int, default=4)
-  parser.add_argument("--prompt_len", type=int, default=8)
-  parser.add_argument("--max_new_tokens", type=int, default=64)
-  parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="method:K:L,...")
-  parser.add_argument("--workdir", default=str(data.default_workdir()))
-  parser.add_argument("--draft_dir", help="a draft checkpoint or run directory")
-  parser.add_argument("--target_dir", help="a target checkpoint or run directory")
-  parser.add_argument(
-    "--cost_table", help="where the measured cost table goes (default <workdir>/cost_table.json)"
-  )
-  args = parser.parse_args()
-  if (args.draft_dir is None) != (args.target_dir is None):
-    parser.error("--draft_dir and --target_dir go together")
-  if args.draft_dir:
-    draft, target = (pairs.load_model(d) for d in (args.draft_dir, args.target_dir))
-    heldout, what = None, f"loaded {args.draft_dir} / {args.target_dir}"
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  if (_DRAFT_DIR.value is None) != (_TARGET_DIR.value is None):
+    raise app.UsageError("--draft_dir and --target_dir go together")
+  if _DRAFT_DIR.value:
+    draft, target = (pairs.load_model(d) for d in (_DRAFT_DIR.value, _TARGET_DIR.value))
+    heldout, what = None, f"loaded {_DRAFT_DIR.value} / {_TARGET_DIR.value}"
   else:
-    draft, target, heldout, what = load_pair(pathlib.Path(args.workdir))
-  prompts, lengths = bench_prompts(heldout, args.batch, args.prompt_len, target.config.vocab_size)
-  configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
-  if configs[0][0] != "autoregressive":
-    configs.insert(0, ("autoregressive", 1, 0))
+    draft, target, heldout, what = load_pair(pathlib.Path(_WORKDIR.value))
+  batch, max_new_tokens = _BATCH.value, _MAX_NEW_TOKENS.value
+  prompts, lengths = bench_prompts(heldout, batch, _PROMPT_LEN.value, target.config.vocab_size)
+  specs = parse_specs(_CONFIGS.value, max_new_tokens=max_new_tokens)
+  if specs[0].method != "autoregressive":
+    specs.insert(0, DecodeSpec("autoregressive", max_new_tokens=max_new_tokens))
   print(
     f"{what}: draft {count_params(draft.params):,} params, target "
-    f"{count_params(target.params):,}; batch {args.batch}, {args.max_new_tokens} new tokens; "
+    f"{count_params(target.params):,}; batch {batch}, {max_new_tokens} new tokens; "
     f"backend {jax.default_backend()}"
   )
-  settings = DecodeSettings(
-    num_prompts=args.batch, prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens
-  )
-  rows, costs = bench(draft, target, prompts, lengths, configs, settings, args.repeats)
-  path = pathlib.Path(args.cost_table or pathlib.Path(args.workdir) / COST_TABLE).expanduser()
+  rows, costs = bench(draft, target, prompts, lengths, specs, _REPEATS.value)
+  path = pathlib.Path(_COST_TABLE.value or pathlib.Path(_WORKDIR.value) / COST_TABLE)
+  path = path.expanduser()
   costs.save(path)
   print(f"load average after the run: {os.getloadavg()[0]:.2f}")
   print(f"\n{format_costs(costs)}\nwritten to {path}\n")
@@ -421,4 +460,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -12,7 +12,6 @@ Usage: python scripts/bench_load.py [--model Llama-3.2-1B] [--shards 4]
          [--dtypes bfloat16,float32] [--directory DIR (kept; default a temporary one)]
 """
 
-import argparse
 import json
 import os
 import pathlib
@@ -20,13 +19,36 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
+
+from absl import app, flags
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_REPO))  # configs/pretrained.py: the published sizes
 
 from configs import pretrained  # noqa: E402
+from spectr_jax import tables  # noqa: E402
 from spectr_jax.testing import hf_checkpoints  # noqa: E402
-from spectr_jax.timing import markdown_table  # noqa: E402
+
+# The script's own flags when run; private ones when imported.
+FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
+_FLAGS = [
+  flags.DEFINE_enum(
+    "model",
+    "Llama-3.2-1B",
+    sorted(pretrained.HUB_SHAPES),
+    "The published shapes.",
+    flag_values=FLAGS,
+  ),  # fmt: skip
+  flags.DEFINE_integer("shards", 4, "Checkpoint shards.", flag_values=FLAGS),
+  flags.DEFINE_string("dtypes", "bfloat16,float32", "Load dtypes.", flag_values=FLAGS),
+  flags.DEFINE_string(
+    "directory",
+    None,
+    "Checkpoint directory (kept; default a temporary one).",
+    flag_values=FLAGS,
+  ),  # fmt: skip
+]
 
 _CHILD = """
 import json, resource, sys, time
@@ -74,16 +96,13 @@ def format_table(rows: list[dict]) -> str:
     ("peak_mb", "peak RSS MB", "{:.0f}"),
     ("over", "(peak - import) / params", "{:.2f}"),
   ]
-  return markdown_table(rows, cols)
+  return tables.markdown(rows, cols)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--model", default="Llama-3.2-1B", choices=sorted(pretrained.HUB_SHAPES))
-  parser.add_argument("--shards", type=int, default=4)
-  parser.add_argument("--dtypes", default="bfloat16,float32")
-  parser.add_argument("--directory", default=None)
-  args = parser.parse_args()
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  args = types.SimpleNamespace(**{holder.name: holder.value for holder in _FLAGS})
   with tempfile.TemporaryDirectory() as scratch:
     directory = pathlib.Path(args.directory or scratch)
     if not (directory / "config.json").is_file():
@@ -112,4 +131,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -15,17 +15,33 @@ Usage: python scripts/bench_optimal.py [--vocab_sizes 1000,32000] [--num_drafts 
   [--skip_speed]
 """
 
-import argparse
+import functools
 import statistics
 import time
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 
-from spectr_jax import acceptance, optimal, verify
+from spectr_jax import acceptance, optimal, tables, verify
 
 WIDTH = 1024
+
+# The script's own flags when run; private ones when imported.
+FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
+_FLAGS = [
+  flags.DEFINE_string("vocab_sizes", "1000,32000", "Vocabulary sizes.", flag_values=FLAGS),
+  flags.DEFINE_string("num_drafts", "2,4,8", "Numbers of drafts K.", flag_values=FLAGS),
+  flags.DEFINE_string("num_cuts", "64", "The verifier's num_cuts M.", flag_values=FLAGS),
+  flags.DEFINE_integer("draft_len", 8, "Positions L per round.", flag_values=FLAGS),
+  flags.DEFINE_integer("repeats", 20, "Timed repeats.", flag_values=FLAGS),
+  flags.DEFINE_integer("pairs", 4, "Pairs per acceptance row.", flag_values=FLAGS),
+  flags.DEFINE_string("kinds", "llm,dirichlet", "Kinds of pairs.", flag_values=FLAGS),
+  flags.DEFINE_float("scale", 3.0, "Logit scale of the LLM-like pairs.", flag_values=FLAGS),
+  flags.DEFINE_bool("skip_speed", False, "Acceptance only.", flag_values=FLAGS),
+]
 
 
 def llm_like_pair(seed: int, vocab: int, scale: float = 3.0):
@@ -126,35 +142,24 @@ def acceptance_row(
   }
 
 
+def _cell(col: str, v) -> str:
+  if isinstance(v, float):
+    if col.startswith("max"):
+      return f"{v:.1e}"
+    return f"{v:.6f}" if "a*" in col else f"{v:.3f}"
+  return str(v)
+
+
 def format_rows(rows: list[dict]) -> str:
   if not rows:
     return ""
-  cols = list(rows[0])
-
-  def cell(col, v):
-    if isinstance(v, float):
-      if col.startswith("max"):
-        return f"{v:.1e}"
-      return f"{v:.6f}" if "a*" in col else f"{v:.3f}"
-    return str(v)
-
-  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-  lines += ["| " + " | ".join(cell(c, r[c]) for c in cols) + " |" for r in rows]
-  return "\n".join(lines)
+  return tables.markdown(rows, [(c, c, functools.partial(_cell, c)) for c in rows[0]])
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--vocab_sizes", default="1000,32000")
-  parser.add_argument("--num_drafts", default="2,4,8")
-  parser.add_argument("--num_cuts", default="64")
-  parser.add_argument("--draft_len", type=int, default=8)
-  parser.add_argument("--repeats", type=int, default=20)
-  parser.add_argument("--pairs", type=int, default=4)
-  parser.add_argument("--kinds", default="llm,dirichlet")
-  parser.add_argument("--scale", type=float, default=3.0)
-  parser.add_argument("--skip_speed", action="store_true")
-  args = parser.parse_args()
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  args = types.SimpleNamespace(**{holder.name: holder.value for holder in _FLAGS})
   vocabs = [int(v) for v in args.vocab_sizes.split(",")]
   drafts = [int(k) for k in args.num_drafts.split(",")]
   cuts = [int(m) for m in args.num_cuts.split(",")]
@@ -177,4 +182,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

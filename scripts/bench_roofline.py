@@ -5,8 +5,10 @@ V = 32k, bf16; `--small`: its tiny pair, a CPU smoke test of this script), print
 batch size one row for each of: the autoregressive step (the engine's round), the draft
 step (one token on K tails), the target call (K (L + 1) positions per row), the walk
 (alone; its share of the round), and the K-SEQ K x L rounds of `--configs` (default 4 x 4
-and 8 x 8) with tails and as a scored token tree. Each row shows the measured ms, the
-roofline ms, measured / roofline and the seconds its program took to compile.
+and 8 x 8; `config.DecodeSpec.parse`'s method[/drafting]:K:L[:branching], rows named by
+`DecodeSpec.label`) with tails and with dedup (a scored token tree). Each row shows the
+measured ms, the roofline ms, measured / roofline and the seconds its program took to
+compile.
 
 The roofline of a program is the sum over its model calls of max(bytes read / the copy
 bandwidth, FLOPs / the matmul throughput), both ceilings measured first on the device (a
@@ -24,7 +26,8 @@ after one token by a traced limit, the same program) / the rounds between them. 
 program's compile seconds are its first call less a later call. The projected speedup at
 batch 1 (the paper's setting) is `--block_efficiency` (default: the trained embedded
 pair's, docs/REPRODUCTION.md and docs/PERFORMANCE.md) x t_AR / t_round: labelled as a
-projection, since random weights emit what they emit.
+projection, since random weights emit what they emit (keys: configurations as --configs
+writes them).
 
 Every row is printed as it is measured and appended to `--json` (default $OUT/roofline.json
 where $OUT is set), so a run cut short keeps what it measured.
@@ -33,7 +36,6 @@ Usage: python scripts/bench_roofline.py [--small] [--batches 1,8] [--configs kse
          [--max_new_tokens 32] [--repeats 3] [--json PATH]
 """
 
-import argparse
 import functools
 import json
 import os
@@ -43,11 +45,13 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 from bench_device import random_pair
 
-from spectr_jax import engine, verify
+from spectr_jax import engine, tables, verify
+from spectr_jax.config import DecodeSpec
 from spectr_jax.models import init_params
-from spectr_jax.timing import markdown_table, median_seconds
+from spectr_jax.timing import median_seconds
 
 # The trained embedded pair's block efficiency at (method, K, L), from the main job's
 # tables (docs/REPRODUCTION.md; 8 x 8: docs/PERFORMANCE.md, "Token trees").
@@ -62,6 +66,27 @@ COLS = [
   ("share", "walk / round", "{:.1%}"),
   ("projected", "projected speedup (B = 1)", "{:.2f}x"),
 ]
+
+# The script's own flags when run; private ones when imported (tests: bench_roofline.FLAGS).
+FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
+_SMALL = flags.DEFINE_bool("small", False, "Tiny models: a CPU smoke test.", flag_values=FLAGS)
+_BATCHES = flags.DEFINE_string("batches", "1,8", "Batch sizes.", flag_values=FLAGS)
+_CONFIGS = flags.DEFINE_string(
+  "configs", "kseq:4:4,kseq:8:8", "method[/drafting]:K:L[:branching],...", flag_values=FLAGS
+)
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 16, "Tokens per prompt.", flag_values=FLAGS)
+_MAX_NEW_TOKENS = flags.DEFINE_integer(
+  "max_new_tokens", 32, "Tokens generated per row.", flag_values=FLAGS
+)
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats.", flag_values=FLAGS)
+_BLOCK_EFFICIENCY = flags.DEFINE_string(
+  "block_efficiency", BLOCK_EFFICIENCY, "config=efficiency,... of the projected speedup.",
+  flag_values=FLAGS,
+)  # fmt: skip
+_JSON = flags.DEFINE_string(
+  "json", os.path.join(os.environ["OUT"], "roofline.json") if "OUT" in os.environ else "",
+  "Append each row as a JSON line.", flag_values=FLAGS,
+)  # fmt: skip
 
 
 def ceilings(small: bool, repeats: int) -> tuple[float, float]:
@@ -146,10 +171,11 @@ def walk_timer(rows: int, num_drafts: int, draft_len: int, vocab: int):
   return looped(call), (None, (jax.random.key(3), drafts))
 
 
-def round_ms(run, max_new_tokens: int, repeats: int) -> tuple[float, float, int]:
-  """(round ms, compile s, emitted per round) of an engine program (module docstring)."""
-  full = functools.partial(run, token_limit=max_new_tokens)
-  one = functools.partial(run, token_limit=1)
+def round_ms(run, spec: DecodeSpec, repeats: int) -> tuple[float, float, int]:
+  """(round ms, compile s, emitted per round) of the engine program of `spec`, `run(spec)`
+  decoding it (module docstring)."""
+  full = functools.partial(run, spec.replace(token_limit=spec.max_new_tokens))
+  one = functools.partial(run, spec.replace(token_limit=1))
   first, steady = first_and_steady(lambda: full().tokens_BxT, repeats=repeats)
   one_s = median_seconds(lambda: one().tokens_BxT, repeats=repeats)
   out, short = full(), one()
@@ -158,65 +184,56 @@ def round_ms(run, max_new_tokens: int, repeats: int) -> tuple[float, float, int]
   return 1e3 * (steady - one_s) / max(rounds, 1), first - steady, efficiency
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--small", action="store_true", help="tiny models: a CPU smoke test")
-  parser.add_argument("--batches", default="1,8")
-  parser.add_argument("--configs", default="kseq:4:4,kseq:8:8", help="method:K:L,...")
-  parser.add_argument("--prompt_len", type=int, default=16)
-  parser.add_argument("--max_new_tokens", type=int, default=32)
-  parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--block_efficiency", default=BLOCK_EFFICIENCY)
-  default_json = os.path.join(os.environ["OUT"], "roofline.json") if "OUT" in os.environ else ""
-  parser.add_argument("--json", default=default_json, help="append each row as a JSON line")
-  args = parser.parse_args()
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
   start = time.perf_counter()
-  configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
+  small, repeats = _SMALL.value, _REPEATS.value
+  prompt_len, max_new_tokens = _PROMPT_LEN.value, _MAX_NEW_TOKENS.value
+  specs = [DecodeSpec.parse(c, max_new_tokens=max_new_tokens) for c in _CONFIGS.value.split(",")]
   efficiency = {
-    tuple(key.split(":")): float(value)
-    for key, value in (item.split("=") for item in args.block_efficiency.split(",") if item)
+    DecodeSpec.parse(key).label(): float(value)
+    for key, value in (item.split("=") for item in _BLOCK_EFFICIENCY.value.split(",") if item)
   }
-  max_len = args.prompt_len + args.max_new_tokens + max(n for _, _, n in configs) + 1
-  draft, target = random_pair(args.small, max_len, "bfloat16")
-  context = args.prompt_len + args.max_new_tokens // 2
+  max_len = prompt_len + max_new_tokens + max(s.draft_len for s in specs) + 1
+  draft, target = random_pair(small, max_len, "bfloat16")
+  context = prompt_len + max_new_tokens // 2
   vocab = target.config.num_logits
   device = jax.devices()[0]
-  bandwidth, flops = ceilings(args.small, args.repeats)
+  bandwidth, flops = ceilings(small, repeats)
   print(
     f"device {device.platform} ({device.device_kind}), JAX {jax.__version__}; copy "
     f"bandwidth {bandwidth / 1e9:.0f} GB/s, bf16 matmul {flops / 1e12:.1f} TFLOP/s; context "
-    f"{context} tokens, {args.max_new_tokens} new tokens",
+    f"{context} tokens, {max_new_tokens} new tokens",
     flush=True,
   )
   rows = []
 
   def record(row):
     rows.append(row)
-    print(markdown_table([row], COLS).splitlines()[-1], flush=True)
-    if args.json:
-      pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-      with open(args.json, "a") as f:
+    print(tables.markdown([row], COLS).splitlines()[-1], flush=True)
+    if _JSON.value:
+      pathlib.Path(_JSON.value).parent.mkdir(parents=True, exist_ok=True)
+      with open(_JSON.value, "a") as f:
         f.write(json.dumps({**row, "bandwidth": bandwidth, "flops": flops}) + "\n")
 
-  print("\n".join(markdown_table([], COLS).splitlines()[:2]), flush=True)
-  for b in (int(x) for x in args.batches.split(",")):
-    tokens = np.random.default_rng(0).integers(3, vocab, (b, args.prompt_len))
+  print(tables.markdown([], COLS), flush=True)
+  for b in (int(x) for x in _BATCHES.value.split(",")):
+    tokens = np.random.default_rng(0).integers(3, vocab, (b, prompt_len))
     common = dict(
       prompts=jnp.asarray(tokens, jnp.int32),
-      prompt_lengths=jnp.full((b,), args.prompt_len, jnp.int32),
-      max_new_tokens=args.max_new_tokens,
+      prompt_lengths=jnp.full((b,), prompt_len, jnp.int32),
       draft=draft,
       target=target,
     )
     run = functools.partial(engine.generate, jax.random.key(0), **common)
-    ar_ms, compile_s, _ = round_ms(
-      functools.partial(run, method="autoregressive"), args.max_new_tokens, args.repeats
-    )
+    ar = DecodeSpec("autoregressive", max_new_tokens=max_new_tokens)
+    ar_ms, compile_s, _ = round_ms(run, ar, repeats)
     ar_roof = roofline_s([call_cost(target, b, 1, context)], bandwidth, flops)
     record(dict(batch=b, row="autoregressive step", ms=ar_ms, roofline_ms=1e3 * ar_roof,
                 ratio=ar_ms / (1e3 * ar_roof), compile_s=compile_s))  # fmt: skip
-    for method, k, length in configs:
-      name = f"{method} {k}x{length}"
+    for spec in specs:
+      k, length, name = spec.num_drafts, spec.draft_len, spec.replace(dedup=False).label()
       draft_cost = call_cost(draft, b, k, context)
       target_cost = call_cost(target, b, k * (length + 1), context)
       tree_cost = call_cost(target, b, 1 + k * length, context)
@@ -229,7 +246,7 @@ def main():
         f"walk {name}": (walk_timer(b, k, length, vocab), None),
       }.items():
         fn, fn_args = timer
-        first, steady = first_and_steady(fn, *fn_args, repeats=args.repeats)
+        first, steady = first_and_steady(fn, *fn_args, repeats=repeats)
         ms = 1e3 * steady / 8
         row = dict(batch=b, row=part, ms=ms, compile_s=first - steady)
         if cost is not None:
@@ -238,21 +255,19 @@ def main():
         else:
           walk_ms = ms
         record(row)
-      for use_tree in (False, True):
-        spec = dict(method=method, num_drafts=k, draft_len=length, tree=use_tree)
-        ms, compile_s, _ = round_ms(functools.partial(run, **spec), args.max_new_tokens,
-                                    args.repeats)  # fmt: skip
-        opening = call_cost(draft, b, 2 if use_tree else 2 * k, context)
-        calls = [opening] + [draft_cost] * (length - 1) + [tree_cost if use_tree else target_cost]
+      for dedup in (False, True):
+        ms, compile_s, _ = round_ms(run, spec.replace(dedup=dedup), repeats)
+        opening = call_cost(draft, b, 2 if dedup else 2 * k, context)
+        calls = [opening] + [draft_cost] * (length - 1) + [tree_cost if dedup else target_cost]
         roof = 1e3 * roofline_s(calls, bandwidth, flops)
-        row = dict(batch=b, row=f"{name} round, {'tree' if use_tree else 'tails'}", ms=ms,
+        row = dict(batch=b, row=f"{name} round, {'dedup' if dedup else 'tails'}", ms=ms,
                    roofline_ms=roof, ratio=ms / roof, compile_s=compile_s,
                    share=walk_ms / ms)  # fmt: skip
-        if b == 1 and (method, str(k), str(length)) in efficiency:
-          row["projected"] = efficiency[method, str(k), str(length)] * ar_ms / ms
+        if b == 1 and name in efficiency:
+          row["projected"] = efficiency[name] * ar_ms / ms
         record(row)
-  print(f"\n{markdown_table(rows, COLS)}\n\ntotal {time.perf_counter() - start:.0f} s")
+  print(f"\n{tables.markdown(rows, COLS)}\n\ntotal {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -9,13 +9,22 @@ and the ratio new / old.
 Usage: python scripts/bench_sampling.py [--vocab_sizes 4096,32000,256000] [--rows 64]
 """
 
-import argparse
+import types
 
 import jax
 import jax.numpy as jnp
+from absl import app, flags
 
-from spectr_jax import sampling
-from spectr_jax.timing import markdown_table, median_seconds
+from spectr_jax import sampling, tables
+from spectr_jax.timing import median_seconds
+
+# The script's own flags when run; private ones when imported.
+FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
+_FLAGS = [
+  flags.DEFINE_string("vocab_sizes", "4096,32000,256000", "Vocabulary sizes.", flag_values=FLAGS),
+  flags.DEFINE_integer("rows", 64, "Rows of the vmapped draws.", flag_values=FLAGS),
+  flags.DEFINE_integer("repeats", 50, "Timed repeats.", flag_values=FLAGS),
+]
 
 
 def old_categorical(key, weights_V):
@@ -54,15 +63,13 @@ def format_table(rows: list[dict]) -> str:
     ("new_B", "new vmapped ms", "{:.3f}"),
     ("ratio_B", "new/old (vmapped)", "{:.2f}"),
   ]
-  return markdown_table(rows, cols)
+  return tables.markdown(rows, cols)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--vocab_sizes", default="4096,32000,256000")
-  parser.add_argument("--rows", type=int, default=64)
-  parser.add_argument("--repeats", type=int, default=50)
-  args = parser.parse_args()
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  args = types.SimpleNamespace(**{holder.name: holder.value for holder in _FLAGS})
   print(f"backend: {jax.default_backend()}, devices: {jax.devices()[0].device_kind}")
   rows = [
     bench_row(int(v), args.rows, args.repeats) for v in args.vocab_sizes.split(",") if v.strip()
@@ -71,4 +78,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -15,15 +15,28 @@ Usage: python scripts/bench_verify.py [--vocab_sizes 1000,32000,256000] [--repea
   [--pair equal|perturbed]
 """
 
-import argparse
+import types
 
 import jax
 import jax.numpy as jnp
+from absl import app, flags
 
-from spectr_jax import sampling, verify
-from spectr_jax.timing import markdown_table, median_seconds
+from spectr_jax import sampling, tables, verify
+from spectr_jax.timing import median_seconds
 
 WIDTH = 1024
+
+# The script's own flags when run; private ones when imported.
+FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
+_FLAGS = [
+  flags.DEFINE_string("vocab_sizes", "1000,32000,256000", "Vocabulary sizes.", flag_values=FLAGS),
+  flags.DEFINE_string("num_drafts", "1,4,8", "Numbers of drafts K.", flag_values=FLAGS),
+  flags.DEFINE_string("draft_lens", "4,8", "Draft lengths L.", flag_values=FLAGS),
+  flags.DEFINE_integer("repeats", 20, "Timed repeats.", flag_values=FLAGS),
+  flags.DEFINE_enum(
+    "pair", "equal", ["equal", "perturbed"], "p = q, or perturbed logits.", flag_values=FLAGS
+  ),
+]
 
 
 def median_ms(fn, *args, repeats: int) -> float:
@@ -94,17 +107,13 @@ def format_table(rows: list[dict]) -> str:
     ("matmul", "out-layer ms", "{:.3f}"),
     ("share", "kseq block / out-layer", "{:.2f}"),
   ]
-  return markdown_table(rows, cols)
+  return tables.markdown(rows, cols)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--vocab_sizes", default="1000,32000,256000")
-  parser.add_argument("--num_drafts", default="1,4,8")
-  parser.add_argument("--draft_lens", default="4,8")
-  parser.add_argument("--repeats", type=int, default=20)
-  parser.add_argument("--pair", choices=("equal", "perturbed"), default="equal")
-  args = parser.parse_args()
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  args = types.SimpleNamespace(**{holder.name: holder.value for holder in _FLAGS})
   ints = lambda text: [int(x) for x in text.split(",")]
   print(f"backend: {jax.default_backend()}, devices: {jax.devices()[0].device_kind}")
   print(f"pair: {args.pair}")
@@ -120,4 +129,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

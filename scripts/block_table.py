@@ -26,14 +26,19 @@ the same trees.
 Usage: PYTHONPATH=$PWD python scripts/block_table.py [--cases 150] [--seed 0]
 """
 
-import argparse
 import functools
 import itertools
 
 import numpy as np
+from absl import app, flags
 
-from spectr_jax import block_bound, drafting, methods, optimal
+from spectr_jax import block_bound, drafting, methods, optimal, tables
 from spectr_jax.testing import reference, sequences, wor_reference
+
+# The script's own flags when run; private ones when imported (tests/test_block.py).
+FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
+_CASES = flags.DEFINE_integer("cases", 150, "Number of random trees.", flag_values=FLAGS)
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the random trees.", flag_values=FLAGS)
 
 TOL = 1e-5  # tokens per round: "at the bound", "above", "below" (float32 plans)
 
@@ -286,45 +291,46 @@ def breakdown(rows) -> list[str]:
   """By tree kind, K and L (cases with K > 1): each multi-draft method's mean ratio to its
   bound and its share of cases at the bound, and how often it is the best of them."""
   multi = [c for c in COLUMNS if not single_draft(c)]
-  head = "| cases (K > 1) | n | " + " | ".join(multi) + " | best (share of cases) |"
-  lines = [head, "|" + "---|" * (len(multi) + 3)]
+  cols = [("name", "cases (K > 1)", "{}"), ("n", "n", "{}")]
+  cols += [(c, c, "{}") for c in multi] + [("best", "best (share of cases)", "{}")]
+  table = []
   groups = {}
   for field, label in (("kind", "{}"), ("K", "K = {}"), ("L", "L = {}")):
     for r in rows:
       if r["K"] > 1:
         groups.setdefault(label.format(r[field]), []).append(r)
   for name, group in groups.items():
-    cells, best = [], {c: 0 for c in multi}
+    row, best = {"name": name, "n": len(group)}, {c: 0 for c in multi}
     for c in multi:
       ratio = np.mean([r[c] / bound_of(r, c) for r in group])
       at = np.mean([bound_of(r, c) - r[c] <= TOL for r in group])
-      cells.append(f"{ratio:.4f} ({at:.0%})")
+      row[c] = f"{ratio:.4f} ({at:.0%})"
     for r in group:
       top = max(r[c] for c in multi)
       for c in multi:
         best[c] += r[c] >= top - TOL
-    wins = ", ".join(f"{c} {best[c] / len(group):.0%}" for c in multi if best[c])
-    lines.append(f"| {name} | {len(group)} | " + " | ".join(cells) + f" | {wins} |")
-  return lines
+    row["best"] = ", ".join(f"{c} {best[c] / len(group):.0%}" for c in multi if best[c])
+    table.append(row)
+  return tables.markdown(table, cols).splitlines()
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--cases", type=int, default=150, help="number of random trees")
-  parser.add_argument("--seed", type=int, default=0)
-  args = parser.parse_args()
+def case_columns() -> list[tuple[str, str, str]]:
+  """The columns of the table of cases."""
+  cols = [("kind", "case", "{}"), ("V", "V", "{}"), ("L", "L", "{}"), ("K", "K", "{}")]
+  cols += [(c, f"{c} (K=1)" if single_draft(c) else c, "{:.4f}") for c in COLUMNS]
+  return cols + [(f"bound {s}", f"bound ({s})", "{:.4f}") for s in SCHEMES]
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
   rows = []
-  names = [f"{c} (K=1)" if single_draft(c) else c for c in COLUMNS]
-  bounds = [f"bound ({s})" for s in SCHEMES]
-  print("| case | V | L | K | " + " | ".join(names + bounds) + " |")
-  print("|" + "---|" * (len(names) + len(bounds) + 4))
-  for name, vocab, draft_len, num_drafts, p_tab, q_tab in cases(args.cases, args.seed):
+  cols = case_columns()
+  print(tables.markdown([], cols))
+  for name, vocab, draft_len, num_drafts, p_tab, q_tab in cases(_CASES.value, _SEED.value):
     values = case_values(p_tab, q_tab, num_drafts, draft_len)
-    rows.append({**values, "K": num_drafts, "L": draft_len, "kind": name})
-    cells = [f"{values[c]:.4f}" for c in COLUMNS] + [f"{values[f'bound {s}']:.4f}" for s in SCHEMES]
-    print(
-      f"| {name} | {vocab} | {draft_len} | {num_drafts} | " + " | ".join(cells) + " |", flush=True
-    )
+    rows.append({**values, "K": num_drafts, "L": draft_len, "kind": name, "V": vocab})
+    print(tables.markdown(rows[-1:], cols).splitlines()[-1], flush=True)
   print()
   print("\n".join(summary(rows)))
   print()
@@ -332,4 +338,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

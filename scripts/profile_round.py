@@ -17,11 +17,13 @@ summed time (busy) and the wall time they spanned: on a multi-core CPU independe
 operations overlap (busy > span) and dependent ones leave the cores waiting (busy < span),
 which moves a loop's wall time without any work added or removed.
 
+Configurations are `config.DecodeSpec.parse`'s method[/drafting]:K:L[:branching] (e.g.
+"sd/iid:1:4", "rrs:8:4:4x2x1x1"), named in the tables by `DecodeSpec.label`.
+
 Usage: python scripts/profile_round.py [--configs sd:1:4,kseq:8:4] [--batch 4]
          [--max_new_tokens 64] [--repeats 3] [--loops]
 """
 
-import argparse
 import collections
 import functools
 import pathlib
@@ -30,10 +32,29 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
-from bench_decode import CALLS, bench_prompts, load_pair, part_timers
+from absl import app, flags
+from bench_decode import CALLS, bench_prompts, load_pair, parse_specs, part_timers
 
-from spectr_jax import data, engine, rounds
-from spectr_jax.timing import markdown_table
+from spectr_jax import data, engine, tables
+
+# The script's own flags when run; private ones when imported (bench_decode.FLAGS).
+FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
+_CONFIGS = flags.DEFINE_string(
+  "configs", "autoregressive:1:0,sd:1:4,sd:1:8,kseq:8:4,kseq:8:8",
+  "method[/drafting]:K:L[:branching],...", flag_values=FLAGS,
+)  # fmt: skip
+_BATCH = flags.DEFINE_integer("batch", 4, "Prompts (rows) per call.", flag_values=FLAGS)
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 8, "Tokens per prompt.", flag_values=FLAGS)
+_MAX_NEW_TOKENS = flags.DEFINE_integer(
+  "max_new_tokens", 64, "Tokens generated per row.", flag_values=FLAGS
+)
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Profiled runs per config.", flag_values=FLAGS)
+_WORKDIR = flags.DEFINE_string(
+  "workdir", str(data.default_workdir()), "Where the pair is.", flag_values=FLAGS
+)
+_LOOPS = flags.DEFINE_bool(
+  "loops", False, "Busy vs span of bench_decode's chained and round loops.", flag_values=FLAGS
+)
 
 PHASES = ("keys", "draft", "score", "verify", "commit", "stats")
 COLUMNS = PHASES + ("loop",)  # loop: the loop of rounds' own operations (its condition)
@@ -105,81 +126,52 @@ def busy_and_span(fn, args, repeats: int) -> tuple[int, float, float]:
   return len(events) // repeats, busy * 1e-9 / repeats, (end - start) * 1e-9 / repeats
 
 
-def loop_table(draft, target, prompts, lengths, configs, repeats: int) -> str:
+def loop_table(draft, target, prompts, lengths, specs, repeats: int) -> str:
   """busy and span of bench_decode's loops "chained" (the three parts) and "round loop"
-  (`rounds.run_round`), per call, for each config."""
-  traced = rounds.Traced(
-    jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
-  )
+  (`rounds.run_round`), per call, for each `DecodeSpec`."""
   rows = []
-  for method, k, n in configs:
-    spec = engine.DecodeSpec(
-      method, k, n, 64, None, False, "star", draft.config if n else None, target.config
-    )  # fmt: skip
-    timers = part_timers(spec, draft, target, prompts, lengths, traced)
+  for spec in specs:
+    timers = part_timers(spec, draft, target, prompts, lengths)
     for loop in ("chained", "round loop"):
       ops, busy, span = busy_and_span(*timers[loop], repeats)
-      row = {"method": method, "K": k, "L": n, "loop": loop, "ops": ops / CALLS}
+      row = {"config": spec.label(), "loop": loop, "ops": ops / CALLS}
       row.update(busy_ms=1e3 * busy / CALLS, span_ms=1e3 * span / CALLS, ratio=busy / span)
       rows.append(row)
-  cols = [("method", "method", "{}"), ("K", "K", "{}"), ("L", "L", "{}"), ("loop", "loop", "{}")]
+  cols = [("config", "config", "{}"), ("loop", "loop", "{}")]
   cols += [("ops", "ops per call", "{:.0f}"), ("busy_ms", "busy ms", "{:.2f}")]
   cols += [("span_ms", "span ms", "{:.2f}"), ("ratio", "busy / span", "{:.2f}")]
-  return markdown_table(rows, cols)
+  return tables.markdown(rows, cols)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--configs", default="autoregressive:1:0,sd:1:4,sd:1:8,kseq:8:4,kseq:8:8")
-  parser.add_argument("--batch", type=int, default=4)
-  parser.add_argument("--prompt_len", type=int, default=8)
-  parser.add_argument("--max_new_tokens", type=int, default=64)
-  parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--workdir", default=str(data.default_workdir()))
-  parser.add_argument(
-    "--loops", action="store_true", help="busy vs span of bench_decode's chained and round loops"
-  )
-  args = parser.parse_args()
-  draft, target, heldout, what = load_pair(pathlib.Path(args.workdir))
-  prompts, lengths = bench_prompts(heldout, args.batch, args.prompt_len, target.config.vocab_size)
-  traced = rounds.Traced(
-    jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
-  )
-  print(f"{what}; batch {args.batch}, {args.max_new_tokens} new tokens")
-  if args.loops:
-    configs = [(m, int(k), int(n)) for m, k, n in (c.split(":") for c in args.configs.split(","))]
-    print(loop_table(draft, target, prompts, lengths, configs, args.repeats))
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  draft, target, heldout, what = load_pair(pathlib.Path(_WORKDIR.value))
+  batch, max_new_tokens = _BATCH.value, _MAX_NEW_TOKENS.value
+  prompts, lengths = bench_prompts(heldout, batch, _PROMPT_LEN.value, target.config.vocab_size)
+  specs = parse_specs(_CONFIGS.value, max_new_tokens=max_new_tokens)
+  print(f"{what}; batch {batch}, {max_new_tokens} new tokens")
+  if _LOOPS.value:
+    print(loop_table(draft, target, prompts, lengths, specs, _REPEATS.value))
     return
   rows = []
-  for config in args.configs.split(","):
-    method, k, n = config.split(":")
-    k, n = int(k), int(n)
-    run = functools.partial(
-      engine.generate, jax.random.key(0), draft=draft, target=target, prompts=prompts,
-      prompt_lengths=lengths, method=method, num_drafts=k, draft_len=n,
-      max_new_tokens=args.max_new_tokens,
-    )  # fmt: skip
-    spec = engine.DecodeSpec(
-      method, k, n, args.max_new_tokens, None, False, "star",
-      draft.config if n else None, target.config,
-    )  # fmt: skip
-    ids = jnp.arange(args.batch, dtype=jnp.int32)
-    lowered = engine.compiled_program(spec).lower(
-      jax.random.key(0), ids, prompts, lengths, draft.params if n else None, target.params, traced
-    )
-    split, thunks = phase_split(run, lowered.compile().as_text(), args.repeats)
+  kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
+  for spec in specs:
+    run = functools.partial(engine.generate, jax.random.key(0), spec, **kw)
+    lowered = engine.lower(jax.random.key(0), spec, **kw)
+    split, thunks = phase_split(run, lowered.compile().as_text(), _REPEATS.value)
     num_rounds = int(jnp.max(run().stats.rounds_B))
-    row = {"method": method, "K": k, "L": n, "thunks": thunks / num_rounds}
+    row = {"config": spec.label(), "thunks": thunks / num_rounds}
     round_s = sum(split.values())
     row["round_ms"] = 1e3 * round_s / num_rounds
     for phase in COLUMNS:
       row[phase] = split.get(phase, 0.0) / round_s
     rows.append(row)
-  cols = [("method", "method", "{}"), ("K", "K", "{}"), ("L", "L", "{}")]
+  cols = [("config", "config", "{}")]
   cols += [("round_ms", "round ms (profiled)", "{:.2f}"), ("thunks", "ops run", "{:.0f}")]
   cols += [(phase, phase, "{:.1%}") for phase in COLUMNS]
-  print(markdown_table(rows, cols))
+  print(tables.markdown(rows, cols))
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -3,9 +3,11 @@
 For a model pair (default: bench_device.py's device-size pair, a ~0.95B target and a ~97M
 draft at V = 32k, bf16 compute; `--small`: its tiny pair) with abstract parameters (shapes
 only, `jax.eval_shape` of `init_params`: nothing is allocated), lowers `engine.lower` and
-compiles on CPU the programs of the autoregressive decode, a K-SEQ K x L decode with K
-tails and the same decode scoring a token tree (default K = L = 8, batch 8, prompt width
-16, 64 new tokens), and prints one markdown row per program:
+compiles on CPU the programs of the autoregressive decode ("ar"), a K-SEQ K x L decode
+with K tails ("tails") and the same decode with dedup, scoring its token tree ("dedup";
+"tree" is taken too) (default K = L = 8, batch 8, prompt width 16, 64 new tokens; the
+method and drafting scheme of --method and --drafting), and prints one markdown row per
+program, named by `DecodeSpec.label`:
 
   params: the bytes by dtype of the target's and the draft's parameter arguments (as the
     program takes them: after any cast or re-layout the engine applies on the way in);
@@ -24,29 +26,67 @@ tails and the same decode scoring a token tree (default K = L = 8, batch 8, prom
 
 Then the same counts per layer: the difference between the K-SEQ tails program with a
 2-layer and with a 1-layer target (the draft at 1 layer), and likewise for the draft,
-with the layers unrolled where the engine could scan them (`scan_layers=False`). A
+with the layers unrolled where the engine could scan them (`layer_stack="unroll"`). A
 per-layer count covers every place the program runs the model (prefill, draft steps,
 the target call, commit).
 
-Usage: python scripts/program_report.py [--small] [--batch 8] [--programs ar,tails,tree]
-         [--num_drafts 8] [--draft_len 8] [--per_layer tails] [--scan_layers default]
-         [--json PATH]
+Usage: python scripts/program_report.py [--small] [--batch 8] [--programs ar,tails,dedup]
+         [--method kseq] [--drafting iid] [--num_drafts 8] [--draft_len 8]
+         [--per_layer tails] [--scan_layers default] [--json PATH]
 """
 
-import argparse
 import dataclasses
 import json
 import time
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 from bench_device import DRAFT, SMALL_DRAFT, SMALL_TARGET, SMALL_VOCAB, TARGET, VOCAB
 
-from spectr_jax import engine, programs
+from spectr_jax import engine, programs, tables
+from spectr_jax.config import DecodeSpec
 from spectr_jax.models import ModelBundle, ModelConfig, count_params, init_params
 
-PROGRAMS = ("ar", "tails", "tree")
+PROGRAMS = ("ar", "tails", "dedup")
+ALIASES = {"tree": "dedup"}  # the name before DecodeSpec.dedup
+# --scan_layers -> DecodeSpec.layer_stack
+LAYER_STACKS = {"default": "auto", "on": "scan", "off": "unroll"}
+
+# The script's own flags when run; private ones when imported (bench_device.FLAGS).
+FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
+_FLAGS = [
+  flags.DEFINE_bool("small", False, "bench_device's tiny pair.", flag_values=FLAGS),
+  flags.DEFINE_integer("batch", 8, "Rows.", flag_values=FLAGS),
+  flags.DEFINE_integer("prompt_len", 16, "Prompt width.", flag_values=FLAGS),
+  flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per row.", flag_values=FLAGS),
+  flags.DEFINE_string("dtype", "bfloat16", "The models' compute dtype.", flag_values=FLAGS),
+  flags.DEFINE_string("method", "kseq", "The method of tails and dedup.", flag_values=FLAGS),
+  flags.DEFINE_string(
+    "drafting", "", "Its drafting scheme ('' for the method's own).", flag_values=FLAGS
+  ),
+  flags.DEFINE_integer("num_drafts", 8, "K.", flag_values=FLAGS),
+  flags.DEFINE_integer("draft_len", 8, "L.", flag_values=FLAGS),
+  flags.DEFINE_string(
+    "programs", ",".join(PROGRAMS), "A subset of ar,tails,dedup.", flag_values=FLAGS
+  ),
+  flags.DEFINE_string(
+    "per_layer",
+    "tails",
+    'The program counted per layer (ar, tails, dedup; "" skips).',
+    flag_values=FLAGS,
+  ),  # fmt: skip
+  flags.DEFINE_enum(
+    "scan_layers",
+    "default",
+    list(LAYER_STACKS),
+    "The programs' layers scanned (on), unrolled (off) or as the engine picks (default).",
+    flag_values=FLAGS,
+  ),  # fmt: skip
+  flags.DEFINE_string("json", None, "Also write the numbers to this JSON file.", flag_values=FLAGS),
+]
 _DTYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64"}
 
 
@@ -73,31 +113,32 @@ def pair_configs(args) -> tuple[ModelConfig, ModelConfig]:
   return draft, target
 
 
-def program_kwargs(
-  name: str, args, draft: ModelBundle, target: ModelBundle, scan_layers: bool | None = None
-) -> dict:
-  """The `engine.lower` arguments of program `name` ("ar", "tails" or "tree"); scan_layers
-  goes to an engine that takes it (None: the engine's default)."""
-  prompts = jnp.ones((args.batch, args.prompt_len), jnp.int32)
-  common = dict(
-    target=target,
-    prompts=prompts,
-    prompt_lengths=jnp.full((args.batch,), args.prompt_len, jnp.int32),
-    max_new_tokens=args.max_new_tokens,
-  )
-  if scan_layers is not None:
-    common["scan_layers"] = scan_layers
+def program_spec(name: str, args, layer_stack: str = "auto") -> DecodeSpec:
+  """The `DecodeSpec` of program `name` ("ar", "tails" or "dedup")."""
+  name = ALIASES.get(name, name)
+  common = dict(max_new_tokens=args.max_new_tokens, layer_stack=layer_stack)
   if name == "ar":
-    return dict(common, draft=None, method="autoregressive")
-  spec = dict(method=args.method, num_drafts=args.num_drafts, draft_len=args.draft_len)
-  return dict(common, draft=draft, tree=name == "tree", **spec)
+    return DecodeSpec("autoregressive", **common)
+  return DecodeSpec(
+    method=args.method, num_drafts=args.num_drafts, draft_len=args.draft_len,
+    drafting=args.drafting, dedup=name == "dedup", **common,
+  )  # fmt: skip
+
+
+def program_kwargs(name: str, args, draft: ModelBundle, target: ModelBundle) -> dict:
+  """The `engine.lower` keyword arguments of program `name` (its spec aside)."""
+  return dict(
+    draft=None if ALIASES.get(name, name) == "ar" else draft,
+    target=target,
+    prompts=jnp.ones((args.batch, args.prompt_len), jnp.int32),
+    prompt_lengths=jnp.full((args.batch,), args.prompt_len, jnp.int32),
+  )
 
 
 def label(name: str, args) -> str:
-  """A program's row label."""
-  method = "K-SEQ" if args.method == "kseq" else args.method
-  kl = f"{method} {args.num_drafts}x{args.draft_len}"
-  return {"ar": "autoregressive", "tails": f"{kl} tails", "tree": f"{kl} tree"}[name]
+  """A program's row label: its spec's (`DecodeSpec.label`), "tails" marked."""
+  spec = program_spec(name, args)
+  return spec.label() + (" tails" if spec.speculative and not spec.dedup else "")
 
 
 def bytes_by_dtype(tree) -> dict[str, int]:
@@ -123,12 +164,13 @@ def program_params(lowered, bundle: ModelBundle | None):
 
 
 def measure(
-  name: str, args, draft: ModelBundle, target: ModelBundle, scan_layers: bool | None = None
+  name: str, args, draft: ModelBundle, target: ModelBundle, layer_stack: str = "auto"
 ) -> dict:
   """Lowers and compiles one program; returns its counts (see the module docstring)."""
-  kwargs = program_kwargs(name, args, draft, target, scan_layers)
+  spec = program_spec(name, args, layer_stack)
+  kwargs = program_kwargs(name, args, draft, target)
   start = time.perf_counter()
-  lowered = engine.lower(jax.random.key(0), **kwargs)
+  lowered = engine.lower(jax.random.key(0), spec, **kwargs)
   lower_s = time.perf_counter() - start
   lowered_text = lowered.as_text(dialect="hlo", debug_info=True)
   start, cpu_start = time.perf_counter(), time.process_time()
@@ -203,10 +245,10 @@ def per_layer(name: str, args, draft_config: ModelConfig, target_config: ModelCo
   def run(draft_layers: int, target_layers: int) -> dict:
     draft = abstract_bundle(dataclasses.replace(draft_config, num_layers=draft_layers))
     target = abstract_bundle(dataclasses.replace(target_config, num_layers=target_layers))
-    return measure(name, args, draft, target, scan_layers=False)
+    return measure(name, args, draft, target, layer_stack="unroll")
 
   base = run(1, 1)
-  grown = {"target": run(1, 2)} | ({} if name == "ar" else {"draft": run(2, 1)})
+  grown = {"target": run(1, 2)} | ({} if ALIASES.get(name, name) == "ar" else {"draft": run(2, 1)})
   rows = {model: {k: r[k] - base[k] for k in keys} for model, r in grown.items()}
   seconds = base["compile_s"] + sum(r["compile_s"] for r in grown.values())
   return {"program": label(name, args), "per_layer": rows, "compile_s": seconds}
@@ -222,27 +264,47 @@ def format_bytes(totals: dict[str, int]) -> str:
   )
 
 
+TABLE_COLS = [
+  ("program", "program", "{}"),
+  ("target_params", "target params", "{}"),
+  ("draft_params", "draft params", "{}"),
+  ("converts", "param converts (in round loop)", "{}"),
+  ("whiles", "whiles lowered / compiled (fixed + data-dep.)", "{}"),
+  ("conditionals", "conditionals", "{}"),
+  ("instructions_lowered", "instructions lowered", "{}"),
+  ("instructions", "instructions compiled (kernels)", "{}"),
+  ("matmuls_compiled", "matmuls compiled", "{}"),
+  ("lower_s", "lower s", "{:.1f}"),
+  ("compile", "compile s (CPU s)", "{}"),
+]
+PER_LAYER_COLS = [
+  ("model", "model", "{}"),
+  ("instructions_lowered", "instructions lowered", "{}"),
+  ("instructions_compiled", "instructions compiled", "{}"),
+  ("kernels_compiled", "kernels compiled", "{}"),
+  ("matmuls_lowered", "matmuls lowered", "{}"),
+  ("matmuls_compiled", "matmuls compiled", "{}"),
+  ("param_converts", "param converts", "{}"),
+]
+
+
 def format_table(rows: list[dict]) -> str:
   """The markdown table of the programs, then their data-dependent loops and
   conditionals."""
-  lines = [
-    "| program | target params | draft params | param converts (in round loop) "
-    "| whiles lowered / compiled (fixed + data-dep.) | conditionals "
-    "| instructions lowered | instructions compiled (kernels) | matmuls compiled "
-    "| lower s | compile s (CPU s) |",
-    "|---|---|---|---|---|---|---|---|---|---|---|",
-  ]
-  for r in rows:
-    lines.append(
-      f"| {r['program']} | {format_bytes(r['params']['target'])} "
-      f"| {format_bytes(r['params']['draft'])} "
-      f"| {r['param_converts']} ({r['param_converts_in_round_loop']}) "
-      f"| {r['whiles_lowered']} / {r['whiles']} ({r['whiles_fixed']} + "
-      f"{r['whiles_data_dependent']}) | {r['conditionals']} "
-      f"| {r['instructions_lowered']} | {r['instructions_compiled']} ({r['kernels_compiled']}) "
-      f"| {r['matmuls_compiled']} | {r['lower_s']:.1f} "
-      f"| {r['compile_s']:.1f} ({r['compile_cpu_s']:.1f}) |"
+  cells = [
+    dict(
+      r,
+      target_params=format_bytes(r["params"]["target"]),
+      draft_params=format_bytes(r["params"]["draft"]),
+      converts=f"{r['param_converts']} ({r['param_converts_in_round_loop']})",
+      whiles=f"{r['whiles_lowered']} / {r['whiles']} ({r['whiles_fixed']} + "
+      f"{r['whiles_data_dependent']})",
+      instructions=f"{r['instructions_compiled']} ({r['kernels_compiled']})",
+      compile=f"{r['compile_s']:.1f} ({r['compile_cpu_s']:.1f})",
     )
+    for r in rows
+  ]
+  lines = [tables.markdown(cells, TABLE_COLS)]
   for r in rows:
     lines += ["", f"Data-dependent loops and conditionals of {r['program']} (compiled):"]
     for c in r["data_dependent"]:
@@ -259,16 +321,10 @@ def format_per_layer(result: dict) -> str:
     f"Per layer ({result['program']} program, the model at 2 layers minus at 1 layer; "
     f"{result['compile_s']:.0f} s of compiles):",
     "",
-    "| model | instructions lowered | instructions compiled | kernels compiled "
-    "| matmuls lowered | matmuls compiled | param converts |",
-    "|---|---|---|---|---|---|---|",
+    tables.markdown(
+      [dict(d, model=model) for model, d in result["per_layer"].items()], PER_LAYER_COLS
+    ),
   ]
-  for model, d in result["per_layer"].items():
-    lines.append(
-      f"| {model} | {d['instructions_lowered']} | {d['instructions_compiled']} "
-      f"| {d['kernels_compiled']} | {d['matmuls_lowered']} | {d['matmuls_compiled']} "
-      f"| {d['param_converts']} |"
-    )
   if any(d["matmuls_lowered"] <= 0 for d in result["per_layer"].values()):
     lines.append(
       "\nNote: the lowered matmuls do not grow with the depth: the layers ran under a scan "
@@ -277,32 +333,16 @@ def format_per_layer(result: dict) -> str:
   return "\n".join(lines)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--small", action="store_true", help="bench_device's tiny pair")
-  parser.add_argument("--batch", type=int, default=8)
-  parser.add_argument("--prompt_len", type=int, default=16)
-  parser.add_argument("--max_new_tokens", type=int, default=64)
-  parser.add_argument("--dtype", default="bfloat16", help="the models' compute dtype")
-  parser.add_argument("--method", default="kseq", help="the method of tails and tree")
-  parser.add_argument("--num_drafts", type=int, default=8)
-  parser.add_argument("--draft_len", type=int, default=8)
-  parser.add_argument("--programs", default=",".join(PROGRAMS), help="a subset of ar,tails,tree")
-  parser.add_argument(
-    "--per_layer", default="tails", help='the program counted per layer (ar, tails, tree; "" skips)'
-  )
-  parser.add_argument(
-    "--scan_layers",
-    choices=("default", "on", "off"),
-    default="default",
-    help="the programs' layers scanned or unrolled, where the engine takes scan_layers",
-  )
-  parser.add_argument("--json", help="also write the numbers to this JSON file")
-  args = parser.parse_args()
-  names = [n for n in args.programs.split(",") if n]
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  args = types.SimpleNamespace(**{holder.name: holder.value for holder in _FLAGS})
+  names = [ALIASES.get(n, n) for n in args.programs.split(",") if n]
+  args.per_layer = ALIASES.get(args.per_layer, args.per_layer)
   for n in names + ([args.per_layer] if args.per_layer else []):
     if n not in PROGRAMS:
-      parser.error(f"unknown program {n!r}: choose from {PROGRAMS}")
+      raise app.UsageError(f"unknown program {n!r}: choose from {PROGRAMS}")
+  program_spec("tails", args)  # a clear error for a bad method, scheme, K or L
   start = time.perf_counter()
   draft_config, target_config = pair_configs(args)
   draft, target = abstract_bundle(draft_config), abstract_bundle(target_config)
@@ -313,8 +353,8 @@ def main():
     f"compute dtype {args.dtype}; target {target_config.num_layers} layers, draft "
     f"{draft_config.num_layers}, V = {target_config.vocab_size}\n"
   )
-  scan = {"default": None, "on": True, "off": False}[args.scan_layers]
-  rows = [measure(n, args, draft, target, scan) for n in names]
+  layer_stack = LAYER_STACKS[args.scan_layers]
+  rows = [measure(n, args, draft, target, layer_stack) for n in names]
   print(format_table(rows))
   layer = None
   if args.per_layer:
@@ -329,4 +369,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -16,14 +16,38 @@ Usage: PYTHONPATH=$PWD python scripts/tree_nodes.py [--draft_dir DIR] [--rounds 
   [--shapes 4:4,8:4,8:8] [--seed 0]
 """
 
-import argparse
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 
-from spectr_jax import data, pairs, tree
+from spectr_jax import data, pairs, tables, tree
 from spectr_jax.config import PairConfig
+
+# The script's own flags when run; private ones when imported.
+FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
+_FLAGS = [
+  flags.DEFINE_string(
+    "draft_dir", "draft-distill-runlocal", "Under $SPECTR_WORKDIR.", flag_values=FLAGS
+  ),
+  flags.DEFINE_string("target_dir", "target", "Under $SPECTR_WORKDIR.", flag_values=FLAGS),
+  flags.DEFINE_integer("rounds", 200, "Prompts (rounds) per row.", flag_values=FLAGS),
+  flags.DEFINE_string("shapes", "4:4,8:4,8:8", "K:L,...", flag_values=FLAGS),
+  flags.DEFINE_integer("seed", 0, "Seed of the prompts and draws.", flag_values=FLAGS),
+]
+COLS = [
+  ("draft", "draft", "{}"),
+  ("K", "K", "{}"),
+  ("L", "L", "{}"),
+  ("tokens", "draft tokens K L", "{}"),
+  ("distinct", "distinct nodes [p10, p90]", "{}"),
+  ("tails", "target positions, tails K (L + 1)", "{}"),
+  ("nodes", "tree (nodes + 1)", "{:.1f}"),
+  ("ratio", "tree / tails", "{:.2f}"),
+  ("size", "compiled tree size", "{:.1f}"),
+]
 
 
 def tree_nodes(paths_RxKxL: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -72,30 +96,27 @@ def bigram_paths(scale: float, rounds: int, num_drafts: int, draft_len: int, see
 
 
 def row(name: str, paths_RxKxL: np.ndarray) -> str:
+  """The table line (`COLS`) of one draft's paths."""
   _, k, length = paths_RxKxL.shape
   nodes, sizes = tree_nodes(paths_RxKxL)
   distinct, tails = nodes - 1, k * (length + 1)
   p10, p90 = np.percentile(distinct, [10, 90])
-  return (
-    f"| {name} | {k} | {length} | {k * length} | {distinct.mean():.1f} [{p10:.0f}, {p90:.0f}] "
-    f"| {tails} | {nodes.mean():.1f} | {nodes.mean() / tails:.2f} | {sizes.mean():.1f} |"
-  )
+  values = dict(
+    draft=name, K=k, L=length, tokens=k * length, tails=tails, nodes=nodes.mean(),
+    distinct=f"{distinct.mean():.1f} [{p10:.0f}, {p90:.0f}]",
+    ratio=nodes.mean() / tails, size=sizes.mean(),
+  )  # fmt: skip
+  return tables.markdown([values], COLS).splitlines()[-1]
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--draft_dir", default="draft-distill-runlocal", help="under $SPECTR_WORKDIR")
-  parser.add_argument("--target_dir", default="target", help="under $SPECTR_WORKDIR")
-  parser.add_argument("--rounds", type=int, default=200, help="prompts (rounds) per row")
-  parser.add_argument("--shapes", default="4:4,8:4,8:8", help="K:L,...")
-  parser.add_argument("--seed", type=int, default=0)
-  args = parser.parse_args()
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  args = types.SimpleNamespace(**{holder.name: holder.value for holder in _FLAGS})
   shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
   pair = pairs.load_pair(PairConfig("trained", args.draft_dir, args.target_dir))
   prompts = data.make_prompts(pair.heldout, args.rounds, 8, args.seed, pair.special)
-  print("| draft | K | L | draft tokens K L | distinct nodes [p10, p90] | target positions, "
-        "tails K (L + 1) | tree (nodes + 1) | tree / tails | compiled tree size |")  # fmt: skip
-  print("|---|---|---|---|---|---|---|---|---|")
+  print(tables.markdown([], COLS))
   for k, length in shapes:
     key = jax.random.key(args.seed)
     print(row("embedded (distilled)", model_paths(pair.draft, prompts, k, length, key)))
@@ -104,4 +125,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

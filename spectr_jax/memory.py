@@ -16,6 +16,12 @@ what one device holds while `engine.generate` decodes B rows with K drafts of L 
   activations    an estimate: one layer's K (L + 1) x (D + F) float32 activations and
                  the target's K (L + 1) x V logits in the compute dtype, per row.
 
+The decode is named by a method, K, L and T, or by a `config.DecodeSpec` (`plan(spec=)`).
+Only the verifier, K, L and T enter the arithmetic: the drafting scheme, the tree's
+branching and dedup do not change what is planned (the round's arrays are held for K
+drafts of L tokens either way); the plan records the spec's label (`DecodeSpec.label`)
+and its table prints it.
+
 `check_fits` compares the sum with a device's memory (`device_bytes`: a known
 accelerator's HBM by name, or what the device reports) and says what to change.
 """
@@ -31,7 +37,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding
 
 from spectr_jax import methods, sharding
-from spectr_jax.config import device_memory_bytes
+from spectr_jax.config import DecodeSpec, device_memory_bytes
 from spectr_jax.models import ModelConfig, init_cache, init_params, param_axes
 
 GB = 1e9
@@ -56,6 +62,8 @@ class MemoryPlan:
     probabilities: bytes of the round's float32 probability arrays (and of the optimal
       plan's workspace, the method record's `workspace_bytes`).
     activations: the estimate of activations and logits.
+    label: the decode's `DecodeSpec.label` (e.g. "rrs/wor:8:4:4x2x1x1") when it was
+      planned from a spec (it names the drafting scheme, branching and dedup); "" else.
   """
 
   mesh: Mapping[str, int]
@@ -69,6 +77,7 @@ class MemoryPlan:
   cache: Mapping[str, int]
   probabilities: int
   activations: int
+  label: str = ""
 
   @property
   def parts(self) -> dict[str, int]:
@@ -90,10 +99,11 @@ class MemoryPlan:
 
   def table(self, device_bytes: int | None = None, device: str = "") -> str:
     """The plan as a text table (GB = 1e9 bytes), with the device's memory if known."""
+    decode = self.label or f"{self.method} K={self.num_drafts} L={self.draft_len}"
     lines = [
       f"memory per device: mesh data={self.mesh['data']} x model={self.mesh['model']}, "
-      f"batch {self.batch_size} ({self.rows} rows per device), {self.method} "
-      f"K={self.num_drafts} L={self.draft_len}, S={self.cache_len} R={self.draft_len + 1}",
+      f"batch {self.batch_size} ({self.rows} rows per device), {decode}, "
+      f"S={self.cache_len} R={self.draft_len + 1}",
       f"  {'':16s} {'draft':>9s} {'target':>9s} {'total':>9s}",
     ]
     for name, values in (("weights", self.weights), ("KV cache", self.cache)):
@@ -193,11 +203,12 @@ def plan(
   mesh: Any,
   *,
   batch_size: int,
-  method: str,
-  num_drafts: int,
-  draft_len: int,
   prompt_width: int,
-  max_new_tokens: int,
+  method: str | None = None,
+  num_drafts: int | None = None,
+  draft_len: int | None = None,
+  max_new_tokens: int | None = None,
+  spec: DecodeSpec | None = None,
   params: Mapping[str, Any] | None = None,
 ) -> MemoryPlan:
   """The bytes one device holds while `engine.generate` decodes one batch.
@@ -208,15 +219,30 @@ def plan(
     target: the target's config.
     mesh: the ("data", "model") mesh: a `Mesh` or `abstract_mesh(data, model)`.
     batch_size: B, the rows of one call (padded to a multiple of data, as the engine does).
-    method, num_drafts, draft_len: the cell ("autoregressive": K = 1, L = 0).
     prompt_width: P, the width of the prompt buffer.
+    method, num_drafts, draft_len: the cell ("autoregressive": K = 1, L = 0).
     max_new_tokens: T, the tokens generated per row.
+    spec: the decode as a `DecodeSpec`, instead of method, K, L and T (which it gives);
+      its drafting scheme, branching and dedup are recorded in the plan's label, not
+      planned (module docstring).
     params: {"draft": params, "target": params} of loaded models (arrays or shapes);
       default: `param_shapes` of each config.
 
   Returns:
     The `MemoryPlan`.
+
+  Raises:
+    ValueError: both a spec and any of method, K, L, T, or neither.
   """
+  cell = (method, num_drafts, draft_len, max_new_tokens)
+  label = ""
+  if spec is not None:
+    if any(v is not None for v in cell):
+      raise ValueError("give a spec or method, num_drafts, draft_len and max_new_tokens, not both")
+    method, num_drafts, draft_len = spec.method, spec.num_drafts, spec.draft_len
+    max_new_tokens, label = spec.max_new_tokens, spec.label()
+  elif any(v is None for v in cell):
+    raise ValueError("give a spec, or method, num_drafts, draft_len and max_new_tokens")
   sizes = dict(mesh.shape)
   data = sizes.get(sharding.DATA_AXIS, 1)
   rows = -(-batch_size // data)
@@ -249,6 +275,7 @@ def plan(
       + methods.get(method).workspace_bytes
     ),
     activations=rows * activation_bytes(target, num_drafts, draft_len, prompt_width),
+    label=label,
   )
 
 

@@ -26,7 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from spectr_jax import methods, metrics, results  # noqa: E402
+from spectr_jax import methods, metrics, results, tables  # noqa: E402
 
 REPORT_DIR = "report"
 _COLUMNS = (
@@ -348,16 +348,12 @@ def _format(value: Any, fmt: str) -> str:
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], columns=None) -> str:
-  """A markdown table of `rows` (the rho column only when some row has one); the
-  decoding table's columns by default."""
+  """A markdown table of `rows` (`tables.markdown`; the rho column only when some row has
+  one); the decoding table's columns by default."""
   columns = decoding_columns() if columns is None else columns
   if all(row.get("rho_name") is None for row in rows):
     columns = [c for c in columns if c[0] != "rho_name"]
-  lines = ["| " + " | ".join(title for _, title, _ in columns) + " |"]
-  lines.append("|" + "---|" * len(columns))
-  for row in rows:
-    lines.append("| " + " | ".join(_format(row.get(k), f) for k, _, f in columns) + " |")
-  return "\n".join(lines)
+  return tables.markdown(rows, columns)
 
 
 def write_csv(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> None:

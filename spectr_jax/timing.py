@@ -1,4 +1,4 @@
-"""Wall-clock timing of jitted functions for the benchmarks, and their markdown tables."""
+"""Wall-clock timing of jitted functions for the benchmarks (their tables: `tables.markdown`)."""
 
 import statistics
 import time
@@ -31,14 +31,3 @@ def interleaved_medians(timers: dict[str, tuple[Callable, tuple]], repeats: int 
       jax.block_until_ready(fn(*args))
       times[name].append(time.perf_counter() - start)
   return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def markdown_table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
-  """A markdown table of `rows`, one column per (key, title, format spec) of `cols` ("-"
-  where a row has no such key)."""
-  lines = ["| " + " | ".join(title for _, title, _ in cols) + " |"]
-  lines.append("|" + "---|" * len(cols))
-  for row in rows:
-    cells = [fmt.format(row[key]) if key in row else "-" for key, _, fmt in cols]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)

@@ -18,6 +18,7 @@ _PACKAGE = "spectr_jax"
 # Library modules from the bottom up; a module imports only modules before it. The
 # packages data/ and models/ count as one module each.
 ORDER = (
+  "tables",
   "methods",
   "checks",
   "sampling",
@@ -53,10 +54,10 @@ ORDER = (
 )
 # The core (up to the engine) never imports storage, the runner or reporting; the config
 # boundary sits below the engine (it validates with the method registry); the report
-# reads the results store only (and the latency model and the registry).
+# reads the results store only (and the latency model, the registry and the table writer).
 CORE = set(ORDER[: ORDER.index("engine") + 1])
 ONLY = {
-  "report": {"results", "metrics", "methods"},
+  "report": {"results", "metrics", "methods", "tables"},
   "results": {"config"},
   "metrics": set(),
   "methods": set(),

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding
 
 from configs import pod_gemma2_9b_v5e8, pod_llama_v4_32, pretrained
 from spectr_jax import memory, methods, sharding
-from spectr_jax.config import SweepConfig
+from spectr_jax.config import DecodeSpec, SweepConfig
 from spectr_jax.models import (
   config_from_hf,
   expected_num_params,
@@ -70,6 +70,24 @@ def test_plan_pads_the_batch_and_drops_the_draft_cache_without_drafts():
   assert set(plain.cache) == {"target"} and set(plain.weights) == {"draft", "target"}
 
 
+def test_a_spec_plans_as_its_method_k_and_l_and_names_its_scheme():
+  """plan(spec=): the arithmetic of its method, K, L and T (the drafting scheme, branching
+  and dedup change nothing), its label in the plan and its table."""
+  mesh = memory.abstract_mesh(2, 1)
+  args = dict(batch_size=4, prompt_width=5)
+  by_method = memory.plan(
+    DRAFT, CONFIG, mesh, method="rrs", num_drafts=8, draft_len=4, max_new_tokens=20, **args
+  )
+  spec = DecodeSpec.parse("rrs/wor:8:4:4x2x1x1", max_new_tokens=20, dedup=True)
+  by_spec = memory.plan(DRAFT, CONFIG, mesh, spec=spec, **args)
+  assert by_spec == dataclasses.replace(by_method, label="rrs:8:4:4x2x1x1 dedup")
+  assert "rrs:8:4:4x2x1x1 dedup" in by_spec.table() and "rrs K=8 L=4" in by_method.table()
+  with pytest.raises(ValueError, match="not both"):
+    memory.plan(DRAFT, CONFIG, mesh, spec=spec, method="rrs", **args)
+  with pytest.raises(ValueError, match="give a spec"):
+    memory.plan(DRAFT, CONFIG, mesh, method="rrs", num_drafts=8, **args)
+
+
 def test_too_big_raises_the_clear_error():
   mesh = memory.abstract_mesh(1, 1)
   plan = memory.plan(
@@ -123,6 +141,10 @@ def test_example_pod_configs_fit_their_device(module, devices):
   memory.check_fits(plan, memory.device_bytes(config.device_memory))
   assert plan.mesh == {"data": devices // config.mesh_model, "model": config.mesh_model}
   assert "sharding of the target" in text and "layers/w_qkv" in text
+  assert plan.label and plan.label in text  # the largest cell, named by its DecodeSpec
+  small, text = _script().plan_text(config, devices, "sd/wor:1:2")
+  assert small.label == "sd/wor:1:2" and "sd/wor:1:2" in text
+  assert (small.num_drafts, small.draft_len) == (1, 2) and small.total < plan.total
   if module is pod_gemma2_9b_v5e8:  # 9.24B bf16 parameters over 8 chips
     assert 2.2e9 < plan.weights["target"] < 2.4e9
     # GQA by rule: the 2B draft's 4 key/value heads stay whole over model = 8, the 9B's 8

@@ -78,7 +78,7 @@ def test_bench_decode_measures_a_table_that_covers_its_configs(tmp_path):
   import jax
   import jax.numpy as jnp
 
-  from spectr_jax.config import DecodeSettings
+  from spectr_jax.config import DecodeSpec
   from spectr_jax.models import ModelBundle, get_model_config, init_params
   from tests.test_profile_round import _script
 
@@ -87,9 +87,13 @@ def test_bench_decode_measures_a_table_that_covers_its_configs(tmp_path):
   configs = [get_model_config(name, v, max_len=32) for name in ("draft-test", "target-test")]
   draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
   prompts, lengths = jnp.ones((b, width), jnp.int32), jnp.full((b,), width)
-  settings = DecodeSettings(num_prompts=b, prompt_len=width, max_new_tokens=6)
-  grid = [("autoregressive", 1, 0), ("kseq", 2, 3)]
-  rows, costs = bench_decode.bench(draft, target, prompts, lengths, grid, settings, repeats=1)
+  specs = bench_decode.parse_specs("autoregressive, kseq:2:3", max_new_tokens=6)
+  assert specs == [
+    DecodeSpec("autoregressive", max_new_tokens=6),
+    DecodeSpec("kseq", 2, 3, max_new_tokens=6),
+  ]
+  grid = [bench_decode.cost_key(s) for s in specs]
+  rows, costs = bench_decode.bench(draft, target, prompts, lengths, specs, repeats=1)
   assert sorted(costs.draft_open_ms) == [2] and sorted(costs.draft_step_ms) == [2]
   assert sorted(costs.target_ms) == [1, 8] and costs.batch == b
   assert all(costs.covers(*c) for c in grid)
@@ -97,5 +101,6 @@ def test_bench_decode_measures_a_table_that_covers_its_configs(tmp_path):
   assert [r["predicted_ms"] for r in rows] == [costs.round_ms(*c) for c in grid]
   costs.save(tmp_path / "costs.json")
   assert metrics.CostTable.load(tmp_path / "costs.json") == costs
+  assert [r["config"] for r in rows] == ["autoregressive", "kseq:2:3"]
   assert bench_decode.format_table(rows).count("\n") == 3
   assert "overhead_ms" in bench_decode.format_costs(costs)

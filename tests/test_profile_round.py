@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from spectr_jax import engine, rounds
+from spectr_jax import engine
+from spectr_jax.config import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 
 _SCRIPTS = pathlib.Path(__file__).parents[1] / "scripts"
@@ -37,22 +38,16 @@ def test_every_phase_of_a_round_gets_its_operations_and_time(profile_round):
   v, b, width, n = 64, 2, 4, 12
   configs = [get_model_config(name, v, max_len=32) for name in ("draft-test", "target-test")]
   draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
-  spec = engine.DecodeSpec("kseq", 2, 3, n, None, False, "star", draft.config, target.config)
-  traced = rounds.Traced(
-    jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
-  )
+  spec = DecodeSpec.parse("kseq:2:3", max_new_tokens=n)
   prompts, lengths = jnp.ones((b, width), jnp.int32), jnp.full((b,), width)
-  args = (jax.random.key(0), jnp.arange(b), prompts, lengths, draft.params, target.params)
-  text = engine.compiled_program(spec).lower(*args, traced).compile().as_text()
+  kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=lengths)
+  text = engine.lower(jax.random.key(0), spec, **kw).compile().as_text()
   phases = profile_round.op_phases(text)
   assert set(profile_round.PHASES) <= set(phases.values())
   assert "" in phases.values()  # the prefill, outside the loop of rounds
 
   def run():
-    return engine.generate(
-      jax.random.key(0), draft=draft, target=target, prompts=prompts, prompt_lengths=lengths,
-      method="kseq", num_drafts=2, draft_len=3, max_new_tokens=n,
-    )  # fmt: skip
+    return engine.generate(jax.random.key(0), spec, **kw)
 
   split, thunks = profile_round.phase_split(run, text, repeats=1)
   assert thunks > 0
@@ -72,22 +67,22 @@ def test_busy_and_span_of_a_loop(profile_round):
 
 
 @pytest.mark.slow
-def test_bench_tree_prints_tails_beside_trees():
-  """scripts/bench_tree.py (also run by bench_device.py): both kinds of round on the same
-  prompts and keys give the same block efficiency, the tree scores no more positions,
-  and every timer of the table is filled."""
+def test_bench_tree_prints_tails_beside_dedup():
+  """scripts/bench_tree.py (also run by bench_device.py): both kinds of round (tails and
+  dedup) on the same prompts and keys give the same block efficiency, dedup scores no more
+  positions, and every timer of the table is filled."""
   bench_tree = _script("bench_tree")
   v, b, width = 8, 3, 4
   configs = [get_model_config(name, v, max_len=32) for name in ("draft-test", "target-test")]
   draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
   prompts = (jnp.ones((b, width), jnp.int32), jnp.full((b,), width))
-  (row,) = bench_tree.compare(
-    draft, target, prompts, prompts, bench_tree.parse_configs("kseq:3:2"), 6, repeats=1
-  )
-  assert row["be_tree"] == pytest.approx(row["be_tails"], abs=0.2)  # same draws, float32 aside
-  assert row["pos_tails"] == 9 and 3 <= row["pos_tree"] <= 9
-  assert row["nodes"] <= row["pos_tree"]
-  assert all(row[k] > 0 for k in ("target_tails", "target_tree", "round_tails", "round_tree"))
+  specs = bench_tree.parse_configs("kseq:3:2", max_new_tokens=6)
+  (row,) = bench_tree.compare(draft, target, prompts, prompts, specs, repeats=1)
+  assert row["config"] == "kseq:3:2"
+  assert row["be_dedup"] == pytest.approx(row["be_tails"], abs=0.2)  # same draws, float32 aside
+  assert row["pos_tails"] == 9 and 3 <= row["pos_dedup"] <= 9
+  assert row["nodes"] <= row["pos_dedup"]
+  assert all(row[k] > 0 for k in ("target_tails", "target_dedup", "round_tails", "round_dedup"))
   assert bench_tree.format_rows([row]).count("\n") == 2
 
 
@@ -95,13 +90,18 @@ def test_node_budgets_group_paths_and_static_trees():
   bench_tree = _script("bench_tree")
   assert bench_tree.node_cap(8, 4, None) == 32  # i.i.d. paths: up to K L distinct nodes
   assert bench_tree.node_cap(8, 4, (4, 2, 1, 1)) == 4 + 8 + 8 + 8
-  assert bench_tree.parse_configs("rrs:8:4:proportional") == [("rrs", 8, 4, "proportional")]
+  assert bench_tree.parse_configs("rrs:8:4:proportional") == [
+    DecodeSpec("rrs", 8, 4, branching="proportional")
+  ]
   assert bench_tree.node_cap(8, 4, "proportional") == 32
-  configs = bench_tree.parse_configs("kseq:8:4,rrs:8:4:4-2-1-1,kseq:4:4,rrs:8:4:2-2-2-1")
+  assert bench_tree.node_cap(8, 4, "") == 32
+  # Branching as DecodeSpec writes it, or with dashes (the script's older form).
+  configs = bench_tree.parse_configs("kseq:8:4,rrs:8:4:4x2x1x1,kseq:4:4,rrs/wor:8:4:2-2-2-1")
+  assert configs[3] == DecodeSpec("rrs", 8, 4, branching=(2, 2, 2, 1))
   groups = bench_tree.by_budget(configs, [32, 16])
-  assert {b: [(m, cap) for m, _, _, _, cap in g] for b, g in groups.items()} == {
-    16: [("kseq", 16)],
-    32: [("kseq", 32), ("rrs", 28), ("rrs", 22)],
+  assert {b: [(s.label(), cap) for s, cap in g] for b, g in groups.items()} == {
+    16: [("kseq:4:4", 16)],
+    32: [("kseq:8:4", 32), ("rrs:8:4:4x2x1x1", 28), ("rrs:8:4:2x2x2x1", 22)],
   }
   with pytest.raises(ValueError, match="above every budget"):
     bench_tree.by_budget(configs, [16])
@@ -116,16 +116,19 @@ def test_bench_tree_node_budget_table():
   configs = [get_model_config(name, v, max_len=32) for name in ("draft-test", "target-test")]
   draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
   prompts = (jnp.ones((b, width), jnp.int32), jnp.full((b,), width))
-  configs = bench_tree.parse_configs("kseq:2:2,rrs:2:2")
-  rows = bench_tree.budget_rows(draft, target, prompts, configs, 4, [4])
-  assert [(r["budget"], r["method"], r["cap"]) for r in rows] == [(4, "kseq", 4), (4, "rrs", 4)]
+  configs = bench_tree.parse_configs("kseq:2:2,rrs:2:2", max_new_tokens=4)
+  rows = bench_tree.budget_rows(draft, target, prompts, configs, [4])
+  assert [(r["budget"], r["config"], r["cap"]) for r in rows] == [
+    (4, "kseq:2:2", 4),
+    (4, "rrs:2:2", 4),
+  ]
   assert rows[0]["vs_first"] == "+0.000 [+0.000, +0.000]"
   assert all(1 < r["nodes"] <= r["cap"] + 1 and r["be"] >= 1 for r in rows)  # + the root
   assert bench_tree.format_rows(rows, bench_tree.BUDGET_COLS).count("\n") == 3
 
 
 @pytest.mark.slow
-def test_the_device_check_measures_every_row_beside_its_roofline(tmp_path, monkeypatch):
+def test_the_device_check_measures_every_row_beside_its_roofline(tmp_path):
   """scripts/bench_roofline.py --small (the device check's CPU smoke test): every row
   of one batch size is written, each program with a roofline has a positive ratio, the
   rounds a walk share, the batch-1 rounds a projected speedup."""
@@ -133,16 +136,16 @@ def test_the_device_check_measures_every_row_beside_its_roofline(tmp_path, monke
   out = tmp_path / "roofline.json"
   argv = ["bench_roofline.py", "--small", "--batches", "1", "--configs", "kseq:2:2"]
   argv += ["--max_new_tokens", "8", "--repeats", "1", "--block_efficiency", "kseq:2:2=2.0"]
-  monkeypatch.setattr(sys, "argv", [*argv, "--json", str(out)])
-  bench_roofline.main()
+  bench_roofline.FLAGS([*argv, "--json", str(out)])  # its own flags (absl), parsed
+  bench_roofline.main(argv[:1])
   rows = [json.loads(line) for line in out.read_text().splitlines()]
   assert [r["row"] for r in rows] == [
     "autoregressive step",
     "draft step, K = 2",
     "target call, 6 positions",
-    "walk kseq 2x2",
-    "kseq 2x2 round, tails",
-    "kseq 2x2 round, tree",
+    "walk kseq:2:2",
+    "kseq:2:2 round, tails",
+    "kseq:2:2 round, dedup",
   ]
   assert all(r["ratio"] > 0 for r in rows if "roofline_ms" in r)
   assert all(0 < r["share"] < 1 and r["projected"] > 0 for r in rows if "round" in r["row"])
