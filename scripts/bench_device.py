@@ -9,7 +9,7 @@ on the default device, with random-weight PaLM-style models at the paper's size 
 models disagree); the cost split and the latency-model check do not depend on it. Eight
 configurations by default.
 
-Compiling dominates on a GPU: on an H200 (docs/PERFORMANCE.md, "On an accelerator") the
+Compiling dominates on a GPU: on an H200 (docs/RESULTS.md, "On an accelerator: one H200") the
 autoregressive and K-SEQ 8 x 8 rows took about 4 minutes with their compiles, and a tree
 comparison's programs (the target's layers once per compiled node count) take over 5
 minutes per config, so split a run into calls of 10 minutes: `--configs ""` skips the

@@ -25,7 +25,7 @@ Rounds are timed as bench_decode.py times them: (a run of the new tokens - a run
 after one token by a traced limit, the same program) / the rounds between them. A
 program's compile seconds are its first call less a later call. The projected speedup at
 batch 1 (the paper's setting) is `--block_efficiency` (default: the trained embedded
-pair's, docs/REPRODUCTION.md and docs/PERFORMANCE.md) x t_AR / t_round: labelled as a
+pair's, docs/REPRODUCTION.md and docs/RESULTS.md) x t_AR / t_round: labelled as a
 projection, since random weights emit what they emit (keys: configurations as --configs
 writes them).
 
@@ -54,7 +54,7 @@ from spectr_jax.models import init_params
 from spectr_jax.timing import median_seconds
 
 # The trained embedded pair's block efficiency at (method, K, L), from the main job's
-# tables (docs/REPRODUCTION.md; 8 x 8: docs/PERFORMANCE.md, "Token trees").
+# tables (docs/REPRODUCTION.md; 8 x 8: docs/RESULTS.md, "Dedup against tails").
 BLOCK_EFFICIENCY = "kseq:4:4=3.26,kseq:8:8=3.54"
 COLS = [
   ("batch", "B", "{}"),

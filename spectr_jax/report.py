@@ -343,10 +343,6 @@ def decoding_columns(costs: metrics.CostTable | None = None) -> list:
   return [(key, title.format(model=latency_model(costs)), fmt) for key, title, fmt in _COLUMNS]
 
 
-def _format(value: Any, fmt: str) -> str:
-  return "-" if value is None else fmt.format(value)
-
-
 def markdown_table(rows: Sequence[dict[str, Any]], columns=None) -> str:
   """A markdown table of `rows` (`tables.markdown`; the rho column only when some row has
   one); the decoding table's columns by default."""
