@@ -32,18 +32,22 @@ p_i = p(. | X^i), q_i = q(. | X^i):
   (i = L - 1 if none does); emit X^i and Y ~ norm(plus_i), or, where plus_i is all 0,
   emit X^{i+1} with no new token; after a full acceptance, the bonus Y ~ q(. | X^L).
 
-Two other readings of the released code are kept as options, to show where exactness
-breaks: `capping="running"` (the repository's `simulation.py`: c_i = rho_i /
-max(1, rho_1..rho_i), which is block verification's weight w_i exactly), `override=
-"none"`, and `final="weight"` (accept the whole chain with probability c_L instead of
-min(1, rho_L)). With ("running", "none", "weight") the rule IS Sun et al.'s block
-verification (`spectr_jax.block`, h_i = rho_i / (rho_i + 1 - w_i) rewritten), and exact;
-every reading that keeps the paper's full-chain acceptance min(1, rho_L) is inexact
-(tests/test_hsd.py). Why: an excess of draft mass rejected below a prefix u can only be
-emitted as u followed by a correction and then the target's continuation, so a subtree
-whose joint ratio exceeds 1 somewhere above cannot be both accepted at min(1, rho_L) and
-repaired; capping the weights at every depth (block verification) is what makes the
-walk-back balance.
+Other readings of the code family are kept as options, to show where exactness breaks:
+`capping="running"` (the repository's `simulation.py`: c_i = rho_i / max(1, rho_1..rho_i),
+which is block verification's weight w_i exactly), `capping="none"` (c_i = rho_i, the
+uncapped joint ratio: the code's `approxi` path, before the authors' capping),
+`override="none"`, and `final="weight"` (accept the whole chain with probability c_L
+instead of min(1, rho_L)). With ("running", "none", "weight") the rule IS Sun et al.'s
+block verification (`spectr_jax.block`; h_i = rho_i / (rho_i + 1 - w_i) rewritten), and
+exact; every reading that keeps the full-chain acceptance min(1, rho_L) is inexact
+(tests/test_hsd.py). Why, in flow terms: rejected draft mass arriving at a prefix u from
+below can only be emitted as u, a correction token, then the target's continuation. With
+uncapped ratios the mass balances at every prefix whose ratio is <= 1 (the walk-back
+passes up exactly max(P(u) - Q(u), 0)), but where rho > 1 at an inner prefix the deficit
+left below it must be filled from above, and a fill from above continues with q, not
+with the deficit's shape. Capping at the prefix alone (the released rule) breaks the
+balance of the walk-back itself; capping at every depth and accepting the whole chain
+with w_L (block verification) restores both.
 
 `verify_chain` is jit/vmap-able with static shapes (the depths unrolled in Python).
 """
@@ -59,7 +63,7 @@ from spectr_jax.sampling import categorical
 
 __all__ = ["CAPPINGS", "FINALS", "OVERRIDES", "chain_law", "chain_stops", "verify_chain"]
 
-CAPPINGS = ("prefix", "running")
+CAPPINGS = ("prefix", "running", "none")
 OVERRIDES = ("next", "none")
 FINALS = ("joint", "weight")
 
@@ -88,6 +92,8 @@ def chain_stops(ratio_L, p_LxV, q_LxV, capping="prefix", override="next", final=
   rho_L1 = xp.concatenate([xp.ones((1,), ratio_L.dtype), xp.cumprod(ratio_L)])
   if capping == "prefix":
     cap_L1 = xp.minimum(1.0, rho_L1)
+  elif capping == "none":
+    cap_L1 = rho_L1
   else:
     cap_L1 = rho_L1 / xp.maximum(1.0, _cummax(rho_L1, xp))
   plus_LxV = xp.maximum(cap_L1[:draft_len, None] * q_LxV - p_LxV, 0.0)

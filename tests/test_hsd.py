@@ -55,7 +55,8 @@ def test_smallest_witness_sun_toy_two_tokens():
 
 
 @pytest.mark.parametrize(
-  "variant", [RELEASED, ("running", "next", "joint"), ("prefix", "none", "joint")]
+  "variant",
+  [RELEASED, ("running", "next", "joint"), ("prefix", "none", "joint"), ("none", "none", "joint")],
 )
 def test_released_readings_are_not_exact_and_beat_the_bound(variant):
   """Every reading that accepts the whole chain with min(1, rho_L) is off the target's law
