@@ -35,8 +35,8 @@ import itertools
 
 import numpy as np
 
-from spectr_jax import block_bound, drafting, hsd, methods, optimal
-from spectr_jax.testing import reference, sequences, wor_reference
+from spectr_jax import block_bound, drafting, methods, optimal
+from spectr_jax.testing import hsd, reference, sequences, wor_reference
 
 TOL = 1e-5  # tokens per round: "at the bound", "above", "below" (float32 plans)
 

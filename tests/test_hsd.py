@@ -1,5 +1,5 @@
 """HSD (Zhou et al., arXiv 2601.05724) as its authors released it: not exact
-(spectr_jax/hsd.py, docs/BLOCK_VERIFICATION.md "HSD").
+(spectr_jax/testing/hsd.py, docs/BLOCK_VERIFICATION.md "HSD").
 
 Exactly, by enumerating every draft chain (`hsd.chain_law`, float64): the released rule's
 output law differs from the target's on Sun et al.'s toy at L = 2 and on random trees,
@@ -15,8 +15,8 @@ import functools
 import numpy as np
 import pytest
 
-from spectr_jax import block_bound, hsd
-from spectr_jax.testing import sequences
+from spectr_jax import block_bound
+from spectr_jax.testing import hsd, sequences
 from tests import stats
 
 TOY_P, TOY_Q = np.array([1 / 3, 2 / 3]), np.array([2 / 3, 1 / 3])
@@ -125,4 +125,4 @@ def test_verify_chain_takes_one_chain():
       jnp.ones((2, 3, 2)) / 2,
     )
   with pytest.raises(ValueError, match="unknown HSD variant"):
-    hsd.chain_law(*sequences.constant_tree(TOY_P, TOY_Q, 1), 1, capping="none")
+    hsd.chain_law(*sequences.constant_tree(TOY_P, TOY_Q, 1), 1, capping="other")

@@ -24,8 +24,8 @@ import itertools
 import numpy as np
 import pytest
 
-from spectr_jax import block_bound, hsd
-from spectr_jax.testing import sequences
+from spectr_jax import block_bound
+from spectr_jax.testing import hsd, sequences
 
 TOY_P, TOY_Q = np.array([1 / 3, 2 / 3]), np.array([2 / 3, 1 / 3])
 
