@@ -16,6 +16,9 @@ V^(L K) <= 4096:
     branching): every tree (`wor_reference.static_tree_law`), each verified by
     `wor_reference.traversal_law`;
   the single-draft methods (sd, block) at K = 1 on the same tree, in every row;
+  unregistered rules (`UNREGISTERED`, not exact): hsd, HSD as its authors released it
+    (Zhou et al., arXiv 2601.05724; `hsd.chain_law`), on one chain (K = 1), with the
+    L1 distance of its output law from the target's;
   bound: the multi-path verification LP for each method's drafting scheme
     (`block_bound.multiset_bound` of `block_bound.MULTISETS[scheme]`).
 
@@ -32,8 +35,13 @@ import itertools
 import numpy as np
 from absl import app, flags
 
+<<<<<<< HEAD
 from spectr_jax import block_bound, drafting, methods, optimal, tables
 from spectr_jax.testing import reference, sequences, wor_reference
+=======
+from spectr_jax import block_bound, drafting, methods, optimal
+from spectr_jax.testing import hsd, reference, sequences, wor_reference
+>>>>>>> papers
 
 # The script's own flags when run; private ones when imported (tests/test_block.py).
 FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
@@ -86,6 +94,15 @@ COLUMNS = tuple(
 )
 NOT_ENUMERATED = tuple(m for m in methods.names(speculative=True) if m not in COLUMNS)
 SCHEMES = tuple(dict.fromkeys(methods.get(m).drafting for m in COLUMNS))
+# Published rules found NOT exact, so not in the registry: name -> (p_tab, q_tab, K, L) ->
+# (E[tokens per round], L1 distance of the output law from the target's); K = 1 rules are
+# measured against the K = 1 bound.
+UNREGISTERED = {"hsd": lambda p_tab, q_tab, num_drafts, draft_len: _hsd(p_tab, q_tab, draft_len)}
+
+
+def _hsd(p_tab, q_tab, draft_len):
+  law, tokens = hsd.chain_law(p_tab, q_tab, draft_len)
+  return tokens, float(np.abs(law - sequences.target_law(q_tab, draft_len)).sum())
 
 
 def token_value(p_tab, q_tab, num_drafts: int, draft_len: int, method: str) -> float:
@@ -175,6 +192,8 @@ def case_values(p_tab, q_tab, num_drafts: int, draft_len: int) -> dict[str, floa
     law = block_bound.MULTISETS[scheme](p_tab, num_drafts, draft_len)
     values[f"bound {scheme}"] = block_bound.multiset_bound(p_tab, q_tab, law, draft_len)
   values["bound K=1"] = block_bound.block_bound(p_tab, q_tab, 1, draft_len)
+  for name, fn in UNREGISTERED.items():
+    values[name], values[f"{name} error"] = fn(p_tab, q_tab, 1, draft_len)
   return values
 
 
@@ -282,6 +301,15 @@ def summary(rows) -> list[str]:
       "- K > 1, "
       + _count([r["traversal"] - r["block"] for r in multi], "traversal (K drafts) vs block (one)")
     )
+  for name in UNREGISTERED:
+    gaps = np.array([r[name] - r["bound K=1"] for r in rows])
+    errors = np.array([r[f"{name} error"] for r in rows])
+    lines.append(
+      f"- {name} (K = 1, not exact): above the K = 1 bound on {np.sum(gaps > TOL)} of "
+      f"{len(rows)} cases (by up to {gaps.max():+.4f}), at it on {np.sum(np.abs(gaps) <= TOL)}, "
+      f"below on {np.sum(gaps < -TOL)}; output law off the target's (L1 > 1e-6) on "
+      f"{np.sum(errors > 1e-6)}, largest L1 distance {errors.max():.4f}"
+    )
   if NOT_ENUMERATED:
     lines.append(f"- registered but not enumerated here: {', '.join(NOT_ENUMERATED)}")
   return lines
@@ -325,12 +353,28 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   rows = []
+<<<<<<< HEAD
   cols = case_columns()
   print(tables.markdown([], cols))
   for name, vocab, draft_len, num_drafts, p_tab, q_tab in cases(_CASES.value, _SEED.value):
     values = case_values(p_tab, q_tab, num_drafts, draft_len)
     rows.append({**values, "K": num_drafts, "L": draft_len, "kind": name, "V": vocab})
     print(tables.markdown(rows[-1:], cols).splitlines()[-1], flush=True)
+=======
+  names = [f"{c} (K=1)" if single_draft(c) else c for c in COLUMNS]
+  bounds = [f"bound ({s})" for s in SCHEMES]
+  extra = [f"{name} (K=1, inexact)" for name in UNREGISTERED]
+  print("| case | V | L | K | " + " | ".join(names + bounds + extra) + " |")
+  print("|" + "---|" * (len(names) + len(bounds) + len(extra) + 4))
+  for name, vocab, draft_len, num_drafts, p_tab, q_tab in cases(args.cases, args.seed):
+    values = case_values(p_tab, q_tab, num_drafts, draft_len)
+    rows.append({**values, "K": num_drafts, "L": draft_len, "kind": name})
+    cells = [f"{values[c]:.4f}" for c in COLUMNS] + [f"{values[f'bound {s}']:.4f}" for s in SCHEMES]
+    cells += [f"{values[name]:.4f}" for name in UNREGISTERED]
+    print(
+      f"| {name} | {vocab} | {draft_len} | {num_drafts} | " + " | ".join(cells) + " |", flush=True
+    )
+>>>>>>> papers
   print()
   print("\n".join(summary(rows)))
   print()

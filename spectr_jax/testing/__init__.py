@@ -6,6 +6,9 @@
 - `sequences`: random and constant (p, q) trees of block_bound's layout, and the
   sequence-level verifiers run on them (scripts/block_table.py, tests).
 - `wor_reference`: the laws of drafts without replacement and their verifiers.
+- `hsd`: HSD (Zhou et al., arXiv 2601.05724) as its authors released it, in JAX and as
+  an exact float64 chain law: a published rule found NOT exact, kept here (not in the
+  method registry) so that tests and scripts/block_table.py can show where it fails.
 - `hf_checkpoints`: tiny Hugging Face checkpoints (config.json, safetensors,
   tokenizer.json) of each family, written in the hub's format, for the loaders' tests
   and load benchmarks.
