@@ -35,13 +35,8 @@ import itertools
 import numpy as np
 from absl import app, flags
 
-<<<<<<< HEAD
 from spectr_jax import block_bound, drafting, methods, optimal, tables
-from spectr_jax.testing import reference, sequences, wor_reference
-=======
-from spectr_jax import block_bound, drafting, methods, optimal
 from spectr_jax.testing import hsd, reference, sequences, wor_reference
->>>>>>> papers
 
 # The script's own flags when run; private ones when imported (tests/test_block.py).
 FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
@@ -346,35 +341,20 @@ def case_columns() -> list[tuple[str, str, str]]:
   """The columns of the table of cases."""
   cols = [("kind", "case", "{}"), ("V", "V", "{}"), ("L", "L", "{}"), ("K", "K", "{}")]
   cols += [(c, f"{c} (K=1)" if single_draft(c) else c, "{:.4f}") for c in COLUMNS]
-  return cols + [(f"bound {s}", f"bound ({s})", "{:.4f}") for s in SCHEMES]
+  cols += [(f"bound {s}", f"bound ({s})", "{:.4f}") for s in SCHEMES]
+  return cols + [(name, f"{name} (K=1, inexact)", "{:.4f}") for name in UNREGISTERED]
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   rows = []
-<<<<<<< HEAD
   cols = case_columns()
   print(tables.markdown([], cols))
   for name, vocab, draft_len, num_drafts, p_tab, q_tab in cases(_CASES.value, _SEED.value):
     values = case_values(p_tab, q_tab, num_drafts, draft_len)
     rows.append({**values, "K": num_drafts, "L": draft_len, "kind": name, "V": vocab})
     print(tables.markdown(rows[-1:], cols).splitlines()[-1], flush=True)
-=======
-  names = [f"{c} (K=1)" if single_draft(c) else c for c in COLUMNS]
-  bounds = [f"bound ({s})" for s in SCHEMES]
-  extra = [f"{name} (K=1, inexact)" for name in UNREGISTERED]
-  print("| case | V | L | K | " + " | ".join(names + bounds + extra) + " |")
-  print("|" + "---|" * (len(names) + len(bounds) + len(extra) + 4))
-  for name, vocab, draft_len, num_drafts, p_tab, q_tab in cases(args.cases, args.seed):
-    values = case_values(p_tab, q_tab, num_drafts, draft_len)
-    rows.append({**values, "K": num_drafts, "L": draft_len, "kind": name})
-    cells = [f"{values[c]:.4f}" for c in COLUMNS] + [f"{values[f'bound {s}']:.4f}" for s in SCHEMES]
-    cells += [f"{values[name]:.4f}" for name in UNREGISTERED]
-    print(
-      f"| {name} | {vocab} | {draft_len} | {num_drafts} | " + " | ".join(cells) + " |", flush=True
-    )
->>>>>>> papers
   print()
   print("\n".join(summary(rows)))
   print()
