@@ -260,10 +260,10 @@ def test_a_branching_applies_to_the_cells_of_schemes_that_draw_trees(tmp_path):
 
 @pytest.mark.slow
 def test_dedup_cells_decode_the_tails_tokens_on_fewer_target_positions(pair, tmp_path):
-  """Issue 27: a sweep with `decoding.tree` stores its cells with drafts under their own
-  keys beside the tails' cells (whose records do not name `tree`) and shares the
-  autoregressive cells; on this pair the tree cells emit the same tokens per prompt and
-  round on fewer target positions, and the report names them apart."""
+  """Issue 27: a sweep with `decoding.dedup` stores its cells with drafts under their own
+  keys (the record's "tree") beside the tails' cells (whose records do not name it) and
+  shares the autoregressive cells; on this pair the dedup cells emit the same tokens per
+  prompt and round on fewer target positions, and the report names them apart."""
   tails = sweep_config(tmp_path, methods=("autoregressive", "kseq"), shard=False)
   trees = dataclasses.replace(tails, decoding=dataclasses.replace(tails.decoding, dedup=True))
   before = experiment.run_sweep(tails, pair)
@@ -281,12 +281,12 @@ def test_dedup_cells_decode_the_tails_tokens_on_fewer_target_positions(pair, tmp
     else:
       assert b["key"] == a["key"] and scored[1] == scored[0] and drafted == [0, 0]
   rows = {r["label"]: r for r in report.summarize(before + after[2:])}
-  assert rows["kseq (tree)"]["tree"] and not rows["kseq"]["tree"]
-  assert rows["kseq (tree)"]["positions_per_round"] < rows["kseq"]["positions_per_round"] == 6
-  tree_drafted = rows["kseq (tree)"]["draft_positions_per_round"]
-  assert tree_drafted < rows["kseq"]["draft_positions_per_round"] == 6
-  assert rows["kseq (tree)"]["block_efficiency"] == rows["kseq"]["block_efficiency"]
-  assert rows["kseq (tree)"]["speedup"] is not None  # over the shared autoregressive cells
+  assert rows["kseq (dedup)"]["dedup"] and not rows["kseq"]["dedup"]
+  assert rows["kseq (dedup)"]["positions_per_round"] < rows["kseq"]["positions_per_round"] == 6
+  dedup_drafted = rows["kseq (dedup)"]["draft_positions_per_round"]
+  assert dedup_drafted < rows["kseq"]["draft_positions_per_round"] == 6
+  assert rows["kseq (dedup)"]["block_efficiency"] == rows["kseq"]["block_efficiency"]
+  assert rows["kseq (dedup)"]["speedup"] is not None  # over the shared autoregressive cells
 
 
 def test_pair_fingerprint_tracks_parameters_and_text(pair):
