@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats as sstats
 
-from spectr_jax import block_bound, methods, sampling
+from spectr_jax import block_bound, sampling
 from spectr_jax.testing import sequences, wor_reference
 
 __all__ = [
@@ -134,8 +134,19 @@ class Row:
   why: str = ""
 
 
-COLUMNS = ("case", "law", "K", "L", "V", "check", "statistic", "p-value", "tokens/round",
-           "LP bound", "result")  # fmt: skip
+COLUMNS = (
+  "case",
+  "law",
+  "K",
+  "L",
+  "V",
+  "check",
+  "statistic",
+  "p-value",
+  "tokens/round",
+  "LP bound",
+  "result",
+)
 
 
 def _cells(row: Row, level: float) -> dict:
@@ -363,8 +374,9 @@ def _wald(counts_TxO, weights_T, target_O, samples: int):
 
 def _law_case(sample, case, law, seed, samples, key):
   """The law row of one case and its two p-values (law, bound)."""
-  rng = np.random.default_rng([seed, TREE_KINDS.index(case.kind), case.vocab, case.draft_len,
-                               case.num_drafts])  # fmt: skip
+  rng = np.random.default_rng(
+    [seed, TREE_KINDS.index(case.kind), case.vocab, case.draft_len, case.num_drafts]
+  )
   p_tab, q_tab = make_tree(rng, case)
   vocab, draft_len, k = case.vocab, case.draft_len, case.num_drafts
   codes_TxK, weights_T = draft_tuples(p_tab, k, draft_len, law)
@@ -383,8 +395,19 @@ def _law_case(sample, case, law, seed, samples, key):
     p_bound = float(sstats.norm.sf((mean - bound) / se))
   else:
     p_bound = 0.0 if mean > bound + 1e-6 else 1.0
-  row = Row(case.name, law, k, draft_len, vocab, "law", f"{statistic:.1f} / {df}",
-            min(p_law, p_bound), mean, se, bound)  # fmt: skip
+  row = Row(
+    case.name,
+    law,
+    k,
+    draft_len,
+    vocab,
+    "law",
+    f"{statistic:.1f} / {df}",
+    min(p_law, p_bound),
+    mean,
+    se,
+    bound,
+  )
   return row, (p_law, p_bound, why)
 
 
@@ -425,8 +448,10 @@ def _boundary_drafts(law, k, draft_len, allowed, hit, vocab):
       first = allowed if (hit and i == 0) else forbidden[(i - hit) % len(forbidden)]
     else:
       first = allowed if (hit and i == 0) else forbidden[i % len(forbidden)]
-    rest = [allowed if (hit and i == 0) else forbidden[(i + t) % len(forbidden)]
-            for t in range(1, draft_len)]  # fmt: skip
+    rest = [
+      allowed if (hit and i == 0) else forbidden[(i + t) % len(forbidden)]
+      for t in range(1, draft_len)
+    ]
     paths.append([first] + rest)
   return np.asarray(paths, np.int32)
 
@@ -451,18 +476,27 @@ def _boundary_rows(block_fn, law, drafts: Sequence[int], vocab: int = 4):
         paths = _boundary_drafts(law, k, draft_len, allowed, hit, vocab)
         p = jnp.full((k, draft_len, vocab), 1.0 / vocab)
         q = jnp.broadcast_to(jax.nn.one_hot(allowed, vocab), (k, draft_len + 1, vocab))
-        tokens, num = jitted(jnp.float32(uniform), jnp.uint32(word), jax.random.key(0),
-                             jnp.asarray(paths), p, q)  # fmt: skip
+        tokens, num = jitted(
+          jnp.float32(uniform), jnp.uint32(word), jax.random.key(0), jnp.asarray(paths), p, q
+        )
         num = int(num)
         emitted = np.asarray(tokens)[:num]
         runs += 1
         if not (1 <= num <= draft_len + 1 and np.all(emitted == allowed)):
           bad.append(f"allowed={allowed} hit={hit} u={uniform:.9g} word={word}: {emitted}")
       rows.append(
-        Row("one-hot q, forced uniforms", law, k, draft_len, vocab, "boundary",
-            f"{len(bad)} / {runs} runs", passed=not bad,
-            why=("a token of probability 0: " + "; ".join(bad[:2])) if bad else "")
-      )  # fmt: skip
+        Row(
+          "one-hot q, forced uniforms",
+          law,
+          k,
+          draft_len,
+          vocab,
+          "boundary",
+          f"{len(bad)} / {runs} runs",
+          passed=not bad,
+          why=("a token of probability 0: " + "; ".join(bad[:2])) if bad else "",
+        )
+      )
   return rows
 
 
@@ -525,8 +559,17 @@ def _large_vocab_row(first_fn, law, k, vocab, samples, seed, key, num_bins=32, c
     nums.append(np.asarray(n, np.float64))
   tokens, nums = np.concatenate(tokens), np.concatenate(nums)
   bin_of_token, bin_probs = _equal_mass_bins(q, num_bins)
-  row = Row(f"llm_like V{vocab} first token", law, k, 1, vocab, "chi2-32k", "",
-            tokens=float(nums.mean()), tokens_se=float(nums.std(ddof=1) / math.sqrt(samples)))  # fmt: skip
+  row = Row(
+    f"llm_like V{vocab} first token",
+    law,
+    k,
+    1,
+    vocab,
+    "chi2-32k",
+    "",
+    tokens=float(nums.mean()),
+    tokens_se=float(nums.std(ddof=1) / math.sqrt(samples)),
+  )
   if np.any(q[tokens] <= 0):
     row.statistic, row.pvalue = "mass on q = 0", 0.0
     return row, 0.0
@@ -587,8 +630,9 @@ def check_verifier(
   if cases is None:
     cases = CASES[:QUICK] if quick else CASES
   if max_drafts is not None:
-    cases = list(dict.fromkeys(dataclasses.replace(c, num_drafts=min(c.num_drafts, max_drafts))
-                               for c in cases))  # fmt: skip
+    cases = list(
+      dict.fromkeys(dataclasses.replace(c, num_drafts=min(c.num_drafts, max_drafts)) for c in cases)
+    )
   key = jax.random.key(seed)
   rows, pvalues = [], []  # pvalues[i]: the tests of row i
   for li, law in enumerate(laws):
@@ -607,8 +651,15 @@ def check_verifier(
         pvalues.append({})
     if large_vocab:
       k = min(3, max_drafts or 3)
-      row, pvalue = _large_vocab_row(_first_token_fn(fn, level), law, k, large_vocab, large_samples, seed,
-                                     jax.random.fold_in(key, 10_000 + li))  # fmt: skip
+      row, pvalue = _large_vocab_row(
+        _first_token_fn(fn, level),
+        law,
+        k,
+        large_vocab,
+        large_samples,
+        seed,
+        jax.random.fold_in(key, 10_000 + li),
+      )
       rows.append(row)
       pvalues.append({"first-token law": pvalue})
   num_tests = sum(len(p) for p in pvalues)
