@@ -208,17 +208,15 @@ class Report:
 
 
 def _markdown(rows: Sequence[dict], columns: Sequence[str]) -> str:
-  """A minimal markdown table (the project's shared writer, if present, is used)."""
+  """The rows (text cells) as a markdown table: the project's writer
+  (`spectr_jax.tables.markdown`) where it exists, else the same layout here."""
   try:
-    from spectr_jax import tables  # type: ignore[attr-defined]
-
-    return tables.markdown(rows, columns)
+    from spectr_jax import tables
   except ImportError:
-    pass
-  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-  for row in rows:
-    lines.append("| " + " | ".join(str(row[c]) for c in columns) + " |")
-  return "\n".join(lines)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+  return tables.markdown(rows, [(c, c, "{}") for c in columns])
 
 
 # ----------------------------------------------------------------------------- walking
@@ -345,30 +343,40 @@ def _sample_tuples(sample, key, drafts, p, q, q_tab, samples: int):
 
 
 def _wald(counts_TxO, weights_T, target_O, samples: int):
-  """(statistic, df, pvalue, why) of the stratified mixture against the target law."""
+  """(statistic, df, pvalue, why) of the stratified mixture against the target law.
+
+  hat = sum_t w_t n_t / M estimates the mixture law; its covariance is the exact
+  stratified one, sum_t w_t^2 (diag(P_t) - P_t P_t^T) / M, with P_t estimated by n_t / M
+  and, on the diagonal, by (n_t + 2) / (M + 2) (an upper estimate: a cell a heavy
+  stratum happened not to hit would otherwise get variance 0 there; the result is still
+  a covariance, and conservative). Outcomes of expected count below 5 at the effective
+  sample size M / sum_t w_t^2 are pooled into one cell (with the smallest other cell
+  while that one is still below 5); the cells sum to 1, so one is dropped: the Wald
+  statistic d^T Cov^-1 d is chi-square with (cells - 1) degrees of freedom.
+  """
   hat_O = weights_T @ counts_TxO / samples
   if np.any(hat_O[target_O <= 0] > 0):
     return math.inf, 0, 0.0, "mass on an outcome of target probability 0"
   n_eff = samples / float(np.sum(weights_T**2))
-  # Pool the outcomes of small expected count into one cell (and drop impossible ones).
-  keep = target_O * n_eff >= _MIN_EXPECTED
-  pool = ~keep & (target_O > 0)
-  cols = [[i] for i in np.flatnonzero(keep)] + ([np.flatnonzero(pool)] if pool.any() else [])
-  counts = np.stack([counts_TxO[:, c].sum(1) for c in cols], 1)
-  target = np.array([target_O[c].sum() for c in cols])
-  if target.size < 2:
+  expected_O = target_O * n_eff
+  order = [int(i) for i in np.argsort(expected_O) if target_O[i] > 0]
+  pool = [i for i in order if expected_O[i] < _MIN_EXPECTED]
+  kept = [i for i in order if expected_O[i] >= _MIN_EXPECTED]
+  while pool and kept and expected_O[pool].sum() < _MIN_EXPECTED:
+    pool.append(kept.pop(0))
+  cols = [[i] for i in kept] + ([pool] if pool else [])
+  if len(cols) < 2:
     return 0.0, 0, 1.0, ""
-  # P_t shrunk by one pseudo-observation towards the target (no zero variance where a
-  # stratum saw nothing), then the exact stratified covariance.
-  probs_TxC = (counts + target) / (samples + 1.0)
+  counts = np.stack([counts_TxO[:, c].sum(1) for c in cols], 1).astype(np.float64)
+  target = np.array([target_O[c].sum() for c in cols])
+  probs_TxC = counts / samples
+  upper_TxC = (counts + 2.0) / (samples + 2.0)
   w2 = weights_T**2
-  cov = np.diag(w2 @ probs_TxC) - np.einsum("t,tc,td->cd", w2, probs_TxC, probs_TxC)
+  cov = np.diag(w2 @ upper_TxC) - np.einsum("t,tc,td->cd", w2, probs_TxC, probs_TxC)
   cov /= samples
-  d = (weights_T @ counts / samples - target)[:-1]  # the cells sum to 1: drop one
-  cov = cov[:-1, :-1]
-  sol, *_ = np.linalg.lstsq(cov, d, rcond=1e-12)
-  df = int(np.linalg.matrix_rank(cov))
-  statistic = float(d @ sol)
+  d = (weights_T @ probs_TxC - target)[:-1]
+  statistic = float(d @ np.linalg.solve(cov[:-1, :-1], d))
+  df = len(cols) - 1
   return statistic, df, float(sstats.chi2.sf(statistic, df)), ""
 
 
