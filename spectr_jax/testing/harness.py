@@ -117,7 +117,9 @@ class Row:
   """One case of a report. `statistic`: the law's Wald statistic / df (law rows), the
   Pearson statistic / df (chi2 rows) or violations / runs (boundary rows); `pvalue`: the
   smallest p-value of the row's tests (None for deterministic checks); `tokens`: the
-  mixture mean of tokens per round (± its standard error); `bound`: the law's LP bound."""
+  mixture mean of tokens per round (± its standard error); `bound`: the law's LP bound;
+  `law_error`: the total variation between the estimated and the target law (law rows;
+  its sampling error is part of it)."""
 
   case: str
   law: str
@@ -130,6 +132,7 @@ class Row:
   tokens: float | None = None
   tokens_se: float | None = None
   bound: float | None = None
+  law_error: float | None = None
   passed: bool = True
   why: str = ""
 
@@ -142,6 +145,7 @@ COLUMNS = (
   "V",
   "check",
   "statistic",
+  "TV",
   "p-value",
   "tokens/round",
   "LP bound",
@@ -149,7 +153,7 @@ COLUMNS = (
 )
 
 
-def _cells(row: Row, level: float) -> dict:
+def _cells(row: Row) -> dict:
   tokens = "" if row.tokens is None else f"{row.tokens:.4f} ± {row.tokens_se:.4f}"
   return {
     "case": row.case,
@@ -159,6 +163,7 @@ def _cells(row: Row, level: float) -> dict:
     "V": row.vocab,
     "check": row.kind,
     "statistic": row.statistic,
+    "TV": "" if row.law_error is None else f"{row.law_error:.2g}",
     "p-value": "" if row.pvalue is None else f"{row.pvalue:.3g}",
     "tokens/round": tokens,
     "LP bound": "" if row.bound is None else f"{row.bound:.4f}",
@@ -200,7 +205,7 @@ class Report:
       f"{self.num_tests} tests, each at alpha / {self.num_tests} = {self.level:.2g} "
       f"(Bonferroni, alpha = {self.alpha:g})"
     )
-    cells = [_cells(row, self.level) for row in self.rows]
+    cells = [_cells(row) for row in self.rows]
     return head + "\n\n" + _markdown(cells, COLUMNS)
 
   def __str__(self) -> str:
@@ -395,6 +400,7 @@ def _law_case(sample, case, law, seed, samples, key):
   counts_TxO = np.stack([np.bincount(c, minlength=outcomes) for c in codes_TxM])
   target_O = sequences.target_law(np.asarray(q_tab, np.float64), draft_len)
   statistic, df, p_law, why = _wald(counts_TxO, weights_T, target_O, samples)
+  law_error = 0.5 * float(np.abs(weights_T @ counts_TxO / samples - target_O).sum())
   mean = float(weights_T @ num_TxM.mean(1))
   se = math.sqrt(float(weights_T**2 @ num_TxM.var(1, ddof=1)) / samples)
   multisets = block_bound.MULTISETS[law](p_tab, k, draft_len)
@@ -415,6 +421,7 @@ def _law_case(sample, case, law, seed, samples, key):
     mean,
     se,
     bound,
+    law_error,
   )
   return row, (p_law, p_bound, why)
 
