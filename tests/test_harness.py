@@ -100,7 +100,9 @@ def test_the_boundary_check_catches_a_token_of_probability_zero():
     return Verdict(jnp.where(accepted, x, y).astype(jnp.int32), accepted)
 
   only = dict(cases=(), large_vocab=None, max_drafts=1)
+  uniform = jax.random.uniform
   broken = harness.check_verifier(sd_le, level="token", laws=("iid",), **only)
+  assert jax.random.uniform is uniform  # the forced draws are undone
   assert not broken.passed and {r.kind for r in broken.failures} == {"boundary"}
   assert "u=0" in broken.failures[0].why
   good = _must_pass(verify.sd_position, level="token", laws=("iid",), **only)
