@@ -46,6 +46,7 @@ __all__ = [
   "get",
   "get_drafting",
   "names",
+  "register",
   "register_drafting",
   "resolve",
   "scheme",
@@ -362,6 +363,19 @@ def get(name: str) -> Method:
   if name not in METHODS:
     raise ValueError(f"unknown method {name!r}; expected one of {names()}")
   return METHODS[name]
+
+
+def register(method: Method) -> None:
+  """Adds a method to `METHODS` (one record, in the method's own module): the engine,
+  sweeps, memory plans and reports then run it like a built-in one. Registering the same
+  record again is a no-op.
+
+  Raises:
+    ValueError: another method holds its name.
+  """
+  if METHODS.get(method.name, method) != method:
+    raise ValueError(f"a different method is registered as {method.name!r}")
+  METHODS[method.name] = method
 
 
 def register_drafting(scheme: Drafting) -> None:

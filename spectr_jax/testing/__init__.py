@@ -12,4 +12,21 @@
 - `hf_checkpoints`: tiny Hugging Face checkpoints (config.json, safetensors,
   tokenizer.json) of each family, written in the hub's format, for the loaders' tests
   and load benchmarks.
+
+The exactness harness is exported here (imported on first use, so the references above
+load without JAX):
+
+- `check_verifier(fn, level=..., laws=...)`: the evidence that a verifier of either level
+  is exact for the drafting laws it claims, as a `Report` (a markdown table of cases,
+  `.passed`, `.failures`); see `spectr_jax.testing.harness` and docs/NEW_VERIFIER.md.
 """
+
+__all__ = ["Report", "check_verifier"]
+
+
+def __getattr__(name):
+  if name in __all__:
+    from spectr_jax.testing import harness
+
+    return getattr(harness, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
