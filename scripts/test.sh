@@ -10,6 +10,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check spectr_jax tests configs experiments scripts
-.venv/bin/ruff format --check spectr_jax tests configs experiments scripts
+.venv/bin/ruff check spectr_jax tests configs experiments scripts examples
+.venv/bin/ruff format --check spectr_jax tests configs experiments scripts examples
 .venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"
