@@ -188,22 +188,27 @@ def test_identical_models_accept_every_full_round(models):
   assert float(s.block_efficiency) == pytest.approx(4.0)
 
 
-def _tree_cases():
-  """Every speculative method of the registry at K = 3 (or its largest K) and L = 2,
-  K-SEQ at a fixed rho and at rho = K, and RRS on the drafted trees (K = 4)."""
-  cases = [
-    (name, min(3, methods.get(name).max_drafts or 3), {})
-    for name in methods.names(speculative=True)
-  ]
-  rho = [("kseq", 3, {"rho": 1.5}), ("kseq", 3, {"rho": "k"})]
-  return cases + rho + [("rrs", 4, {"branching": b}) for b in ((2, 2), "proportional")]
+# One method of each kind at K = 3 (or its largest K) and L = 2: a dedup round hands every
+# verifier the q and drafts of its tails (the scoring does not depend on the method), so
+# these cover the ways a verifier reads them: token level one draft, K drafts (K-SEQ at
+# rho* and at a fixed rho), drafts without replacement (RRS, also on a drafted branching),
+# the block level on one path (GBV) and on the tree (Traversal).
+_DEDUP_CASES = [
+  ("sd", 1, {}),
+  ("kseq", 3, {}),
+  ("kseq", 3, {"rho": 1.5}),
+  ("rrs", 3, {}),
+  ("rrs", 4, {"branching": "proportional"}),
+  ("gbv", 3, {}),
+  ("traversal", 3, {}),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, num_drafts, kw", _tree_cases(), ids=lambda c: str(c))
+@pytest.mark.parametrize("method, num_drafts, kw", _DEDUP_CASES, ids=lambda c: str(c))
 def test_dedup_rounds_give_every_method_the_tokens_of_its_tails(models, method, num_drafts, kw):
-  """Issue 27, item 2: with the same keys, every verifier emits the same tokens from a
-  scored tree as from K tails (its q is the tails' within float32 rounding, so a row may
+  """Issue 27, item 2: with the same keys, each kind of verifier emits the same tokens from
+  a scored tree as from K tails (its q is the tails' within float32 rounding, so a row may
   differ only where a uniform lands within that rounding of a threshold), so each
   method's law on trees is its law on tails (tests/test_engine_law.py)."""
   draft, target = models
@@ -400,10 +405,17 @@ def test_scanned_and_unrolled_layers_emit_the_same_tokens(models):
 
 
 @pytest.mark.parametrize(
-  "method, num_drafts, draft_len",
-  [("autoregressive", 1, 0), ("sd", 1, 3), ("kseq", 3, 3), ("specinfer", 3, 3), ("block", 1, 3)],
+  "method, num_drafts, draft_len, temperature",
+  # Greedy and sampling compile apart: both for K-SEQ, the sampling program of the others.
+  [
+    ("autoregressive", 1, 0, 1.0),
+    ("sd", 1, 3, 1.0),
+    ("kseq", 3, 3, 0.0),
+    ("kseq", 3, 3, 1.0),
+    ("specinfer", 3, 3, 1.0),
+    ("block", 1, 3, 1.0),
+  ],
 )
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_loop_of_rounds_is_the_programs_only_data_dependent_one(
   models, method, num_drafts, draft_len, temperature
 ):

@@ -18,20 +18,18 @@ def models():
 
 
 _slow = pytest.mark.slow
-# Every method's law through the engine, at two draft lengths, is in the slow tier (CI):
-# the fast tier checks the engine by its greedy, tree-q and counting tests
-# (tests/test_engine.py) and the verifiers' laws in tests/test_verify.py.
+# Every method's law through the engine is in the slow tier (CI): the fast tier checks the
+# engine by its greedy, tree-q and counting tests (tests/test_engine.py) and the
+# verifiers' laws in tests/test_verify.py and by `testing.check_verifier`
+# (tests/test_harness.py). Each method at L = 2 (rounds that stop at either position,
+# bonus draws, rollback); L = 1 once, for its own cache path (one pending token).
 CASES = [
   pytest.param("autoregressive", 1, 0, marks=_slow),
-  pytest.param("sd", 1, 1, marks=_slow),
   pytest.param("sd", 1, 2, marks=_slow),
   pytest.param("kseq", 3, 1, marks=_slow),
   pytest.param("kseq", 3, 2, marks=_slow),
-  pytest.param("specinfer", 3, 1, marks=_slow),
   pytest.param("specinfer", 3, 2, marks=_slow),
-  pytest.param("optimal", 3, 1, marks=_slow),
   pytest.param("optimal", 3, 2, marks=_slow),
-  pytest.param("rrs", 2, 1, marks=_slow),
   pytest.param("rrs", 2, 2, marks=_slow),
   pytest.param("block", 1, 2, marks=_slow),
   pytest.param("gbv", 3, 2, marks=_slow),

@@ -136,7 +136,7 @@ def test_engine_is_exact_on_a_loaded_gemma2_pair(tmp_path, method, num_drafts):
   seqs = np.array(list(itertools.product(range(V_LAW), repeat=3)), np.int32)
   full = np.hstack([np.broadcast_to(np.array(PROMPT, np.int32), (len(seqs), 5)), seqs])
   law = _law(target, seqs, full)
-  b = 40_000
+  b = 20_000
   out = engine.generate(
     jax.random.key(3), DecodeSpec(method=method, num_drafts=num_drafts, draft_len=2,
     max_new_tokens=3), draft=draft, target=target,
