@@ -52,8 +52,10 @@ def _cases(method: methods.Method):
   return [(k, length) for k in ks for length in (1, 2, 3)]
 
 
-# Every method at L = 3 with K = 2 (K = 1 for single-draft methods) in the fast tier,
-# every (K, L) with --runslow.
+# Every method at L = 3 with K = 2 (K = 1 for single-draft methods) in the fast tier;
+# every (K, L) of the methods with a split factor with --runslow (here at a fixed rho too).
+# Every method's boundary rows at K = 1-3, L = 1 and 3 are also in its
+# `testing.check_verifier` (tests/test_harness.py).
 _ALL = [
   pytest.param(
     m.name,
@@ -65,6 +67,7 @@ _ALL = [
   for m in methods.METHODS.values()
   if m.speculative
   for k, length in _cases(m)
+  if m.takes_rho or (k, length) == (min(2, m.max_drafts or 2), 3)
 ]
 
 
