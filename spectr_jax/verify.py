@@ -296,10 +296,33 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
   record = methods.get(method)
   if record.level == "block":
     return _block_walk(record.function(), key, drafts_KxL, p_KxLxV, q_KxL1xV)
-  num_drafts, draft_len = drafts_KxL.shape
   # K-SEQ's rho* for the whole block, each position's read as its fixed split factor.
-  star = record.takes_rho and rho_mode == "star"
-  rho_KxL = rho_star_KxL(drafts_KxL, p_KxLxV, q_KxL1xV) if star else None
+  if record.takes_rho and rho_mode == "star":
+    rho_KxL = rho_star_KxL(drafts_KxL, p_KxLxV, q_KxL1xV)
+
+    def verifier_at(rep, t_draft):
+      return _position_function(method, "fixed", rho_KxL[rep, t_draft])
+  else:
+    fixed = _position_function(method, rho_mode, rho_value)
+
+    def verifier_at(rep, t_draft):
+      return fixed
+
+  return walk_positions(verifier_at, key, drafts_KxL, p_KxLxV, q_KxL1xV)
+
+
+def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV):
+  """The token-level walk of `walk` for any verify function: position t runs
+  verifier_at(rep, t)(fold_in(key, t), drafts_K, p_V, q_V, valid_K) (-> `methods.Verdict`;
+  rep is the first surviving draft, whose p and q every survivor shares), the drafts
+  equal to the emitted token survive, and after a miss the walk stops; at t = L no draft
+  is valid and the function draws the bonus from q. Used by the engine (through `walk`)
+  and by `spectr_jax.testing.check_verifier` for functions outside the registry.
+
+  Returns:
+    (tokens_L1, num_tokens, BlockStats).
+  """
+  num_drafts, draft_len = drafts_KxL.shape
   # The position keys fold_in(key, t), drawn in one batched call before the loop.
   keys_L1 = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(draft_len + 1))
 
@@ -314,11 +337,7 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
     p_V = jnp.where(in_draft, p_KxLxV[rep, t_draft], q_V)
     x_K = drafts_KxL[:, t_draft]
     valid_K = alive_K & in_draft
-    if star:
-      verifier = _position_function(method, "fixed", rho_KxL[rep, t_draft])
-    else:
-      verifier = _position_function(method, rho_mode, rho_value)
-    verdict = verifier(keys_L1[t], x_K, p_V, q_V, valid_K)
+    verdict = verifier_at(rep, t_draft)(keys_L1[t], x_K, p_V, q_V, valid_K)
     match_K = valid_K & (x_K == verdict.token)
     hit = jnp.any(match_K)
     out = (

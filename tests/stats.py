@@ -13,6 +13,8 @@ is not a false alarm, so it does not count against the budget.
 import numpy as np
 from scipy import stats as sstats
 
+from spectr_jax.testing.sequences import equal_mass_bins  # noqa: F401 (the tests' binning)
+
 FAMILY_ALPHA = 1e-3
 MAX_TESTS = 400
 ALPHA = FAMILY_ALPHA / MAX_TESTS
@@ -107,21 +109,6 @@ def assert_mean(samples, mean: float, what: str = "") -> float:
   pvalue = float(2 * sstats.norm.sf(abs(samples.mean() - mean) / se))
   assert pvalue >= ALPHA, f"{what}: mean {samples.mean():.5f} vs {mean:.5f}, p = {pvalue:.3g}"
   return pvalue
-
-
-def equal_mass_bins(probs, num_bins: int):
-  """Maps each token to one of `num_bins` bins of about equal probability mass.
-
-  Returns (bin_of_token_V, bin_probs). Used to test laws over large vocabularies.
-  """
-  probs = np.asarray(probs, dtype=np.float64)
-  order = np.argsort(-probs, kind="stable")
-  cum = np.cumsum(probs[order])
-  bin_sorted = np.minimum((cum - probs[order] / 2) * num_bins, num_bins - 1).astype(int)
-  bin_of_token = np.empty_like(bin_sorted)
-  bin_of_token[order] = bin_sorted
-  bin_probs = np.bincount(bin_of_token, weights=probs, minlength=num_bins)
-  return bin_of_token, bin_probs / bin_probs.sum()
 
 
 def _welch_pvalue(a, b) -> float:

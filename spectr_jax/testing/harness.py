@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats as sstats
 
-from spectr_jax import block_bound, sampling
+from spectr_jax import block_bound, sampling, verify
 from spectr_jax.testing import sequences, wor_reference
 
 __all__ = [
@@ -231,26 +231,12 @@ def token_walk(fn: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV):
   """`verify.walk` for a token-level verify function `fn` (not a registry name): position
   t runs fn(fold_in(key, t), surviving drafts' tokens, p, q, valid) and the drafts equal
   to the emitted token survive; after a miss the walk stops; at t = L no draft is valid
-  and fn draws the bonus from q. Returns (tokens_L1, num_tokens)."""
-  num_drafts, draft_len = drafts_KxL.shape
-
-  def step(carry, t):
-    live, alive_K = carry
-    rep = jnp.argmax(alive_K)
-    in_draft = t < draft_len
-    t_draft = jnp.minimum(t, draft_len - 1)
-    q_V = q_KxL1xV[rep, t]
-    p_V = jnp.where(in_draft, p_KxLxV[rep, t_draft], q_V)
-    x_K = drafts_KxL[:, t_draft]
-    valid_K = alive_K & in_draft
-    verdict = fn(jax.random.fold_in(key, t), x_K, p_V, q_V, valid_K)
-    match_K = valid_K & (x_K == verdict.token)
-    hit = jnp.any(match_K)
-    return (live & hit, match_K), (jnp.where(live, verdict.token, 0), live & hit)
-
-  init = (jnp.bool_(True), jnp.ones((num_drafts,), bool))
-  _, (tokens_L1, hit_L1) = jax.lax.scan(step, init, jnp.arange(draft_len + 1))
-  return tokens_L1.astype(jnp.int32), 1 + jnp.sum(hit_L1).astype(jnp.int32)
+  and fn draws the bonus from q (`verify.walk_positions`). Returns (tokens_L1,
+  num_tokens)."""
+  tokens_L1, num_tokens, _ = verify.walk_positions(
+    lambda rep, t: fn, key, drafts_KxL, p_KxLxV, q_KxL1xV
+  )
+  return tokens_L1, num_tokens
 
 
 def _block_fn(fn: Callable, level: str) -> Callable:
@@ -518,17 +504,6 @@ def _boundary_rows(block_fn, law, drafts: Sequence[int], vocab: int = 4):
 # ------------------------------------------------------------------- large vocabulary
 
 
-def _equal_mass_bins(probs, num_bins: int):
-  """(bin of each token, bin probabilities): bins of about equal mass (tests/stats.py)."""
-  order = np.argsort(-probs, kind="stable")
-  cum = np.cumsum(probs[order])
-  bin_sorted = np.minimum((cum - probs[order] / 2) * num_bins, num_bins - 1).astype(int)
-  bin_of_token = np.empty_like(bin_sorted)
-  bin_of_token[order] = bin_sorted
-  bin_probs = np.bincount(bin_of_token, weights=probs, minlength=num_bins)
-  return bin_of_token, bin_probs / bin_probs.sum()
-
-
 def _first_token_fn(fn: Callable, level: str) -> Callable:
   """(key, drafts_K, p_KxLxV, q_KxL1xV) -> (first token, tokens emitted) at L = 1: a
   token-level fn runs once at the first position (p and q shared by every row, so its
@@ -573,7 +548,7 @@ def _large_vocab_row(first_fn, law, k, vocab, samples, seed, key, num_bins=32, c
     tokens.append(np.asarray(t))
     nums.append(np.asarray(n, np.float64))
   tokens, nums = np.concatenate(tokens), np.concatenate(nums)
-  bin_of_token, bin_probs = _equal_mass_bins(q, num_bins)
+  bin_of_token, bin_probs = sequences.equal_mass_bins(q, num_bins)
   row = Row(
     f"llm_like V{vocab} first token",
     law,

@@ -189,3 +189,18 @@ def sample_wor_blocks(
   keys = jax.random.split(jax.random.key(seed + 1), n)
   codes, nums = jax.jit(jax.vmap(one))(keys, out.tokens_BxKxL, out.p_BxKxLxV)
   return np.asarray(codes), np.asarray(nums)
+
+
+def equal_mass_bins(probs, num_bins: int):
+  """Maps each token to one of `num_bins` bins of about equal probability mass.
+
+  Returns (bin_of_token_V, bin_probs). Used to test laws over large vocabularies.
+  """
+  probs = np.asarray(probs, dtype=np.float64)
+  order = np.argsort(-probs, kind="stable")
+  cum = np.cumsum(probs[order])
+  bin_sorted = np.minimum((cum - probs[order] / 2) * num_bins, num_bins - 1).astype(int)
+  bin_of_token = np.empty_like(bin_sorted)
+  bin_of_token[order] = bin_sorted
+  bin_probs = np.bincount(bin_of_token, weights=probs, minlength=num_bins)
+  return bin_of_token, bin_probs / bin_probs.sum()
