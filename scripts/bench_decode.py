@@ -69,7 +69,7 @@ from absl import app, flags
 from spectr_jax import data, engine, metrics, pairs, rounds, tables
 from spectr_jax.config import DecodeSpec, PairConfig
 from spectr_jax.models import ModelBundle, count_params, get_model_config, init_params, reset_tails
-from spectr_jax.timing import interleaved_medians
+from spectr_jax.timing import interleaved_medians, seconds_per_round
 
 DEFAULT_CONFIGS = (
   "autoregressive:1:0,sd:1:4,sd:1:8,kseq:2:4,kseq:4:4,kseq:8:4,specinfer:8:4,kseq:8:8"
@@ -360,10 +360,15 @@ def bench(draft, target, prompts, lengths, specs: list[DecodeSpec], repeats):
     print(f"prepared {spec.label()} ({i + 1}/{len(specs)})", flush=True)
   medians = interleaved_medians(timers, repeats)
   ms = {key: 1e3 * value / CALLS for key, value in medians.items()}
-  round_ms = [
-    1e3 * (medians[(i, "full")] - medians[(i, "one")]) / max(extra, 1)
-    for i, (_, extra) in enumerate(runs)
-  ]
+  round_s = [seconds_per_round(medians[(i, "full")], medians[(i, "one")], n) for i, (_, n) in
+             enumerate(runs)]  # fmt: skip
+  if None in round_s:
+    unresolved = [s.label() for s, seconds in zip(specs, round_s, strict=True) if seconds is None]
+    raise RuntimeError(
+      f"rounds not resolved for {unresolved}: the run of every round was not slower than the "
+      "one-round run (timer noise); raise --max_new_tokens or --repeats"
+    )
+  round_ms = [1e3 * seconds for seconds in round_s]
   costs = cost_table(specs, ms, longest, round_ms[0], draft, target, prompts.shape[0])
   rows = []
   for i, spec in enumerate(specs):

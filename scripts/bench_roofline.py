@@ -22,7 +22,10 @@ target call scores 576 positions and is compute-bound: a ratio to the autoregres
 step misleads there, the roofline does not.
 
 Rounds are timed as bench_decode.py times them: (a run of the new tokens - a run stopped
-after one token by a traced limit, the same program) / the rounds between them. A
+after one token by a traced limit, the same program, the two timed round-robin) / the
+rounds between them; where that difference is not positive (timer noise larger than the
+rounds: too few new tokens or repeats) the round is marked not resolved ("-"), never a
+negative time. A
 program's compile seconds are its first call less a later call. The projected speedup at
 batch 1 (the paper's setting) is `--block_efficiency` (default: the trained embedded
 pair's, docs/REPRODUCTION.md and docs/RESULTS.md) x t_AR / t_round: labelled as a
@@ -51,7 +54,7 @@ from bench_device import random_pair
 from spectr_jax import engine, tables, verify
 from spectr_jax.config import DecodeSpec
 from spectr_jax.models import init_params
-from spectr_jax.timing import median_seconds
+from spectr_jax.timing import interleaved_medians, median_seconds, seconds_per_round
 
 # The trained embedded pair's block efficiency at (method, K, L), from the main job's
 # tables (docs/REPRODUCTION.md; 8 x 8: docs/RESULTS.md, "Dedup against tails").
@@ -171,17 +174,27 @@ def walk_timer(rows: int, num_drafts: int, draft_len: int, vocab: int):
   return looped(call), (None, (jax.random.key(3), drafts))
 
 
-def round_ms(run, spec: DecodeSpec, repeats: int) -> tuple[float, float, int]:
-  """(round ms, compile s, emitted per round) of the engine program of `spec`, `run(spec)`
-  decoding it (module docstring)."""
+def round_ms(run, spec: DecodeSpec, repeats: int) -> tuple[float | None, float]:
+  """(round ms, None where not resolved: `timing.seconds_per_round`; compile s) of the
+  engine program of `spec`, `run(spec)` decoding it (module docstring). The two runs are
+  timed round-robin, so a change of the machine's load moves both alike."""
   full = functools.partial(run, spec.replace(token_limit=spec.max_new_tokens))
   one = functools.partial(run, spec.replace(token_limit=1))
-  first, steady = first_and_steady(lambda: full().tokens_BxT, repeats=repeats)
-  one_s = median_seconds(lambda: one().tokens_BxT, repeats=repeats)
-  out, short = full(), one()
+  start = time.perf_counter()
+  out = jax.block_until_ready(full())
+  first = time.perf_counter() - start
+  short = one()
+  medians = interleaved_medians(
+    {"full": (lambda: full().tokens_BxT, ()), "one": (lambda: one().tokens_BxT, ())}, repeats
+  )
   rounds = int(np.max(np.asarray(out.stats.rounds_B)) - np.max(np.asarray(short.stats.rounds_B)))
-  efficiency = float(out.stats.block_efficiency)
-  return 1e3 * (steady - one_s) / max(rounds, 1), first - steady, efficiency
+  seconds = seconds_per_round(medians["full"], medians["one"], rounds)
+  return None if seconds is None else 1e3 * seconds, first - medians["full"]
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+  """numerator / denominator, None where either is (a round not resolved)."""
+  return None if numerator is None or denominator is None else numerator / denominator
 
 
 def main(argv):
@@ -228,10 +241,10 @@ def main(argv):
     )
     run = functools.partial(engine.generate, jax.random.key(0), **common)
     ar = DecodeSpec("autoregressive", max_new_tokens=max_new_tokens)
-    ar_ms, compile_s, _ = round_ms(run, ar, repeats)
-    ar_roof = roofline_s([call_cost(target, b, 1, context)], bandwidth, flops)
-    record(dict(batch=b, row="autoregressive step", ms=ar_ms, roofline_ms=1e3 * ar_roof,
-                ratio=ar_ms / (1e3 * ar_roof), compile_s=compile_s))  # fmt: skip
+    ar_ms, compile_s = round_ms(run, ar, repeats)
+    ar_roof = 1e3 * roofline_s([call_cost(target, b, 1, context)], bandwidth, flops)
+    record(dict(batch=b, row="autoregressive step", ms=ar_ms, roofline_ms=ar_roof,
+                ratio=ratio(ar_ms, ar_roof), compile_s=compile_s))  # fmt: skip
     for spec in specs:
       k, length, name = spec.num_drafts, spec.draft_len, spec.replace(dedup=False).label()
       draft_cost = call_cost(draft, b, k, context)
@@ -256,17 +269,21 @@ def main(argv):
           walk_ms = ms
         record(row)
       for dedup in (False, True):
-        ms, compile_s, _ = round_ms(run, spec.replace(dedup=dedup), repeats)
+        ms, compile_s = round_ms(run, spec.replace(dedup=dedup), repeats)
         opening = call_cost(draft, b, 2 if dedup else 2 * k, context)
         calls = [opening] + [draft_cost] * (length - 1) + [tree_cost if dedup else target_cost]
         roof = 1e3 * roofline_s(calls, bandwidth, flops)
         row = dict(batch=b, row=f"{name} round, {'dedup' if dedup else 'tails'}", ms=ms,
-                   roofline_ms=roof, ratio=ms / roof, compile_s=compile_s,
-                   share=walk_ms / ms)  # fmt: skip
+                   roofline_ms=roof, ratio=ratio(ms, roof), compile_s=compile_s,
+                   share=ratio(walk_ms, ms))  # fmt: skip
         if b == 1 and name in efficiency:
-          row["projected"] = efficiency[name] * ar_ms / ms
+          row["projected"] = ratio(efficiency[name] * ar_ms if ar_ms else None, ms)
         record(row)
-  print(f"\n{tables.markdown(rows, COLS)}\n\ntotal {time.perf_counter() - start:.0f} s")
+  print(f"\n{tables.markdown(rows, COLS)}\n")
+  if any(r["ms"] is None for r in rows):
+    print(f"{tables.MISSING} measured ms: a round not resolved (the run of every round was not "
+          "slower than the one-round run); raise --max_new_tokens or --repeats")  # fmt: skip
+  print(f"total {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

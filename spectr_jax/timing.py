@@ -31,3 +31,12 @@ def interleaved_medians(timers: dict[str, tuple[Callable, tuple]], repeats: int 
       jax.block_until_ready(fn(*args))
       times[name].append(time.perf_counter() - start)
   return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def seconds_per_round(full_s: float, one_s: float, rounds: int) -> float | None:
+  """(a run of every round - a run stopped after the first) / the rounds between them: the
+  seconds of one round with the prefill and the per-call cost cancelled. None where the
+  difference is not positive: the timer's noise is larger than those rounds (too few new
+  tokens or repeats for this device and load), so the round is not resolved."""
+  difference = full_s - one_s
+  return difference / max(rounds, 1) if difference > 0 else None
