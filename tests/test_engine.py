@@ -28,7 +28,9 @@ _slow = pytest.mark.slow
 
 @pytest.mark.slow
 @pytest.mark.execution_bound
-@pytest.mark.parametrize("temperature, top_k", [(0.6, 0), (1.5, 3), (1.0, 2)])
+# A sharper and a flatter target, the second also top-k (the temperature is traced, top-k
+# is part of the program).
+@pytest.mark.parametrize("temperature, top_k", [(0.6, 0), (1.5, 2)])
 def test_engine_exact_for_transformed_target(models, temperature, top_k):
   draft, target = models
   out = generate(draft, target, "kseq", 3, 2, 4, temperature=temperature, top_k=top_k)

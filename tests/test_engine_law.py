@@ -18,22 +18,25 @@ def models():
 
 
 _slow = pytest.mark.slow
-# Every method's law through the engine is in the slow tier (CI): the fast tier checks the
-# engine by its greedy, tree-q and counting tests (tests/test_engine.py) and the
-# verifiers' laws in tests/test_verify.py and by `testing.check_verifier`
-# (tests/test_harness.py). Each method at L = 2 (rounds that stop at either position,
-# bonus draws, rollback); L = 1 once, for its own cache path (one pending token).
+# The engine's law is in the slow tier (CI): the fast tier checks the engine by its greedy,
+# tree-q and counting tests (tests/test_engine.py) and the verifiers' laws in
+# tests/test_verify.py and by `testing.check_verifier` (tests/test_harness.py: every
+# registered method, enumerated). The engine hands every method the same (key, drafts, p,
+# q) through `verify.walk`, so its law is checked once per path a method can take through
+# the engine: autoregressive; a token-level walk with one draft (sd) and K drafts (kseq,
+# with a split factor), of the i.i.d. law and without replacement (rrs); a block-level
+# verifier of each law (gbv; traversal). Each at L = 2 (rounds that stop at either
+# position, bonus draws, rollback); L = 1 once, for its own cache path (one pending
+# token). The other methods (specinfer, optimal, block, gbv_tp) take one of these paths;
+# each has its enumerated law in the harness and its sampled block law in its own tests
+# (tests/test_verify.py, test_block.py, test_gbv_tp.py).
 CASES = [
   pytest.param("autoregressive", 1, 0, marks=_slow),
   pytest.param("sd", 1, 2, marks=_slow),
   pytest.param("kseq", 3, 1, marks=_slow),
   pytest.param("kseq", 3, 2, marks=_slow),
-  pytest.param("specinfer", 3, 2, marks=_slow),
-  pytest.param("optimal", 3, 2, marks=_slow),
   pytest.param("rrs", 2, 2, marks=_slow),
-  pytest.param("block", 1, 2, marks=_slow),
   pytest.param("gbv", 3, 2, marks=_slow),
-  pytest.param("gbv_tp", 3, 2, marks=_slow),
   pytest.param("traversal", 3, 2, marks=_slow),
 ]
 

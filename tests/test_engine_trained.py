@@ -21,6 +21,8 @@ from spectr_jax.models import reset_tails
 from spectr_jax.models.protocol import TransformerDecoder
 from tests import stats
 
+# The broken engine (caches that never advance) against the correct one, paired: z = 6.2
+# at 1024 prompts, 4.2 at 512 (below the suite's per-test level, z about 4.7).
 NUM_PROMPTS = 1024
 NEW_TOKENS = 24
 
@@ -93,7 +95,8 @@ def _sample(pair, method, key, **kw):
 def test_spectr_samples_as_likely_as_autoregressive(pair, monkeypatch):
   reference, _ = _sample(pair, "autoregressive", 0)
   correct = {}
-  for method, k, n in (("kseq", 4, 4), ("specinfer", 4, 4), ("sd", 1, 3)):
+  # K drafts and one draft (specinfer's rounds take K-SEQ's path through the engine).
+  for method, k, n in (("kseq", 4, 4), ("sd", 1, 3)):
     correct[method], out = _sample(pair, method, 1, num_drafts=k, draft_len=n)
     assert float(out.stats.block_efficiency) > 1.2
     stats.assert_same_mean(correct[method], reference, f"{method} K={k} L={n} vs autoregressive")

@@ -87,13 +87,15 @@ def test_bench_decode_measures_a_table_that_covers_its_configs(tmp_path):
   configs = [get_model_config(name, v, max_len=32) for name in ("draft-test", "target-test")]
   draft, target = (ModelBundle(c, init_params(c, jax.random.key(i))) for i, c in enumerate(configs))
   prompts, lengths = jnp.ones((b, width), jnp.int32), jnp.full((b,), width)
-  specs = bench_decode.parse_specs("autoregressive, kseq:2:3", max_new_tokens=6)
+  specs = bench_decode.parse_specs("autoregressive, kseq:2:3", max_new_tokens=16)
   assert specs == [
-    DecodeSpec("autoregressive", max_new_tokens=6),
-    DecodeSpec("kseq", 2, 3, max_new_tokens=6),
+    DecodeSpec("autoregressive", max_new_tokens=16),
+    DecodeSpec("kseq", 2, 3, max_new_tokens=16),
   ]
   grid = [bench_decode.cost_key(s) for s in specs]
-  rows, costs = bench_decode.bench(draft, target, prompts, lengths, specs, repeats=1)
+  # 16 tokens and 3 repeats: enough rounds for the timer to resolve one (bench_decode
+  # stops with an error where the run of every round is not slower than the one-round run).
+  rows, costs = bench_decode.bench(draft, target, prompts, lengths, specs, repeats=3)
   assert sorted(costs.draft_open_ms) == [2] and sorted(costs.draft_step_ms) == [2]
   assert sorted(costs.target_ms) == [1, 8] and costs.batch == b
   assert all(costs.covers(*c) for c in grid)

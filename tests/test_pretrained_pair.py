@@ -129,8 +129,11 @@ def _law(bundle, seqs_ExT, full_ExW):
 
 @pytest.mark.slow
 @pytest.mark.execution_bound
-@pytest.mark.parametrize("method, num_drafts", [("kseq", 3), ("sd", 1)])
-def test_engine_is_exact_on_a_loaded_gemma2_pair(tmp_path, method, num_drafts):
+def test_engine_is_exact_on_a_loaded_gemma2_pair(tmp_path):
+  """K-SEQ (K = 3, L = 2) on a loaded Gemma-2 pair restricted to V_LAW tokens: the
+  target's law over three tokens (the one-draft path on a loaded family is the greedy
+  test's, above, and every method's law is the engine pair's, tests/test_engine_law.py)."""
+  method, num_drafts = "kseq", 3
   draft_dir, target_dir = _pair_dirs(tmp_path, "gemma2")
   draft, target = (pairs.restrict(load_pretrained(d), V_LAW) for d in (draft_dir, target_dir))
   seqs = np.array(list(itertools.product(range(V_LAW), repeat=3)), np.int32)
