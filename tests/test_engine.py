@@ -199,7 +199,7 @@ _DEDUP_CASES = [
   ("sd", 1, {}),
   ("kseq", 3, {}),
   ("kseq", 3, {"rho": 1.5}),
-  ("rrs", 3, {}),
+  ("rrs", 4, {"branching": (2, 2)}),
   ("rrs", 4, {"branching": "proportional"}),
   ("gbv", 3, {}),
   ("traversal", 3, {}),

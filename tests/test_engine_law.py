@@ -55,12 +55,11 @@ def test_engine_output_law_is_target_law(models, method, num_drafts, draft_len):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-  "method, temperature, top_k", [("kseq", 1.0, None), ("gbv", 1.0, None), ("rrs", 0.6, 3)]
-)
+@pytest.mark.parametrize("method, temperature, top_k", [("kseq", 1.0, None), ("rrs", 0.6, 3)])
 def test_dedup_rounds_keep_the_output_law(models, method, temperature, top_k):
   """The engine with tree scoring (K = 3, L = 2): the (transformed) target's law, several
-  rounds; drafts without replacement (rrs) with temperature and top-k on both models."""
+  rounds; drafts without replacement (rrs) with temperature and top-k on both models.
+  (Every method's dedup rounds emit its tails' tokens, bit for bit: tests/test_engine.py.)"""
   draft, target = models
   kw = dict(key=9, dedup=True, temperature=temperature, top_k=top_k or 0)
   out = generate(draft, target, method, 3, 2, 4, **kw)
@@ -76,7 +75,6 @@ def test_dedup_rounds_keep_the_output_law(models, method, temperature, top_k):
   "method, branching, dedup",
   [
     ("rrs", (2, 2), False),
-    ("rrs", (2, 2), True),
     ("rrs", "proportional", True),
     ("traversal", "proportional", True),
   ],
@@ -84,9 +82,9 @@ def test_dedup_rounds_keep_the_output_law(models, method, temperature, top_k):
 def test_tree_drafts_keep_the_output_law(models, method, branching, dedup):
   """Issue 27: RRS and Traversal Verification on drafted trees (children without
   replacement at every node; K = 4, L = 2) through the engine: the static branching
-  (2, 2) as tails and as a scored tree (7 nodes per round: the root, 2 children, 4
-  grandchildren), and the "proportional" tree (shaped by the draft's probabilities: at
-  most 9 nodes) scored as a tree; the target's law, several rounds."""
+  (2, 2) as tails, and the "proportional" tree (shaped by the draft's probabilities: at
+  most 9 nodes) scored as a tree; the target's law, several rounds. (A static tree scored
+  as a tree, 7 nodes per round, emits its tails' tokens: tests/test_engine.py.)"""
   draft, target = models
   out = generate(draft, target, method, 4, 2, 4, key=11, dedup=dedup, branching=branching)
   law = exact_law(target, 4)

@@ -258,7 +258,7 @@ def test_rrs_large_vocabulary():
   """V = 32k, K = 8, LLM-like pairs, 64 bins of equal q-mass; the hit rate against the
   estimate of `acceptance.rrs_acceptance`."""
   p, q = sequences.llm_like(11, 32_000)
-  tokens, _, hit = _sample_position(verify.rrs_position, p, q, 8, n=N // 5)
+  tokens, _, hit = _sample_position(verify.rrs_position, p, q, 8, n=N // 10)
   bins, bin_probs = stats.equal_mass_bins(q, 64)
   stats.assert_law(np.bincount(bins[tokens], minlength=64), bin_probs, "rrs V=32k")
   est = acceptance.rrs_acceptance(_f32(p), _f32(q), 8, num_histories=512)
