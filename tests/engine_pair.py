@@ -14,12 +14,14 @@ from spectr_jax.models import ModelBundle, get_model_config, init_params
 
 V = 4
 PROMPT = (1, 2, 3)
-# Rows of the engine's law tests. The suite's broken engines set the size: at 20k rows a
-# commit of the wrong tree path (Pearson's statistic 1066 on 251 degrees of freedom at
-# 50k rows) and a missing cache rollback (8971) are each rejected with an estimated power
-# of at least 0.99 (`stats.rejection_power`, asserted where they run), so every engine
-# law test can catch a break of that size. 50k rows before: 2.5x the run time.
-NUM_SAMPLES = 20_000
+# Rows of the engine's law tests. At 10k rows a missing cache rollback (Pearson's
+# statistic 8971 at 50k rows) is rejected with an estimated power of at least 0.99
+# (`stats.rejection_power`, asserted where it runs), so every engine law test catches a
+# break of that size. A commit of the wrong tree path (1066 at 50k rows) needs more: its
+# test decodes `WRONG_PATH_ROWS` (at 30k its power fell below 0.99). 20k rows before
+# (the suite's time budget).
+WRONG_PATH_ROWS = 60_000
+NUM_SAMPLES = 10_000
 
 
 def bundle(name, seed, logit_scale, attention_scale=1.0):

@@ -29,14 +29,15 @@ _slow = pytest.mark.slow
 @pytest.mark.slow
 @pytest.mark.execution_bound
 # A sharper and a flatter target, the second also top-k (the temperature is traced, top-k
-# is part of the program).
-@pytest.mark.parametrize("temperature, top_k", [(0.6, 0), (1.5, 2)])
-def test_engine_exact_for_transformed_target(models, temperature, top_k):
+# is part of the program), with K-SEQ's two other split factors: rho = K and a fixed one.
+@pytest.mark.parametrize("temperature, top_k, rho", [(0.6, 0, "k"), (1.5, 2, 2.5)])
+def test_engine_exact_for_transformed_target(models, temperature, top_k, rho):
   draft, target = models
-  out = generate(draft, target, "kseq", 3, 2, 4, temperature=temperature, top_k=top_k)
+  out = generate(draft, target, "kseq", 3, 2, 4, temperature=temperature, top_k=top_k, rho=rho)
   law = exact_law(target, 4, temperature, top_k or None)
-  what = f"kseq T={temperature} top_k={top_k}"
+  what = f"kseq T={temperature} top_k={top_k} rho={rho}"
   stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, what)
+  assert int(np.sum(np.asarray(out.stats.invalid_BxL1))) == 0  # valid split factors
 
 
 @pytest.mark.slow
@@ -49,17 +50,6 @@ def test_engine_rrs_with_fewer_tokens_than_drafts(models):
   law = exact_law(target, 4, top_k=2)
   stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, "rrs top_k=2")
   assert residual_share(out, 2) >= 0.1
-
-
-@pytest.mark.slow
-@pytest.mark.execution_bound
-def test_engine_fixed_rho_and_rho_k(models):
-  draft, target = models
-  law = exact_law(target, 4)
-  for rho in ("k", 2.5):
-    out = generate(draft, target, "kseq", 3, 2, 4, rho=rho, key=5)
-    counts = np.bincount(codes(out.tokens_BxT), minlength=law.size)
-    stats.assert_law(counts, law, f"kseq rho={rho}")
 
 
 @pytest.mark.slow

@@ -7,9 +7,9 @@ import pytest
 from spectr_jax import engine, tree
 from spectr_jax.models.protocol import TransformerDecoder
 from tests import engine_pair, stats
-from tests.engine_pair import NUM_SAMPLES, codes, exact_law, generate, residual_share
+from tests.engine_pair import WRONG_PATH_ROWS, codes, exact_law, generate, residual_share
 
-pytestmark = pytest.mark.execution_bound  # 20k-row decodes: the optimised pass
+pytestmark = pytest.mark.execution_bound  # 10k-row decodes: the optimised pass
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +118,9 @@ def test_dedup_rounds_reject_a_commit_of_the_wrong_path(models, monkeypatch):
   monkeypatch.setattr(TransformerDecoder, "commit_nodes", first_path)
   monkeypatch.setattr(tree, "from_paths", remember)
   try:
-    # Three times the rows of the law tests: the variant differs only after a round whose
-    # survivor is not path 0.
-    out = generate(draft, target, "kseq", 3, 2, 4, key=9, dedup=True, batch=3 * NUM_SAMPLES)
+    # More rows than the law tests: the variant differs only after a round whose survivor
+    # is not path 0.
+    out = generate(draft, target, "kseq", 3, 2, 4, key=9, dedup=True, batch=WRONG_PATH_ROWS)
   finally:
     engine.compiled_program.cache_clear()
   law = exact_law(target, 4)
