@@ -19,14 +19,17 @@ load without JAX):
 - `check_verifier(fn, level=..., laws=...)`: the evidence that a verifier of either level
   is exact for the drafting laws it claims, as a `Report` (a markdown table of cases,
   `.passed`, `.failures`); see `spectr_jax.testing.harness` and docs/NEW_VERIFIER.md.
+- `check_engine(method)`: a registered method's output law through the engine at
+  V = 32000 (random-weight models), as a `Report`; see `spectr_jax.testing.engine_check`.
 """
 
-__all__ = ["Report", "check_verifier"]
+__all__ = ["Report", "check_engine", "check_verifier"]
+_HOME = {"Report": "harness", "check_verifier": "harness", "check_engine": "engine_check"}
 
 
 def __getattr__(name):
-  if name in __all__:
-    from spectr_jax.testing import harness
+  if name in _HOME:
+    import importlib
 
-    return getattr(harness, name)
+    return getattr(importlib.import_module(f"spectr_jax.testing.{_HOME[name]}"), name)
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

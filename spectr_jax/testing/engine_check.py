@@ -1,0 +1,205 @@
+"""Exactness through the engine at an LLM vocabulary: `check_engine(method)`.
+
+`harness.check_verifier` checks a verify function on its own, on enumerated small trees
+and on the first token at V = 32000. This checks a registered method the way users run it:
+`engine.generate` with a draft and a target model, their caches, K-draft rounds, rollback
+and bonus tokens, at V = 32000 in float32.
+
+The pair: a random-weight target (the "target-test" architecture at V tokens, logits
+sharpened to an LLM-like entropy) and a draft of the same architecture whose weights are
+the target's plus Gaussian noise (correlated, not equal: drafts are accepted and
+rejected). `rows` rows of one prompt are decoded for `new_tokens` tokens (in chunks of
+`chunk` rows, one compiled program), and each emitted token y is mapped to its
+randomized probability integral transform under the target's conditional law q(. |
+prompt, earlier tokens): u = Q(y) + U q(y), where Q sums q over the tokens before y in
+one fixed order (the first conditional's, most probable first) and U ~ Uniform(0, 1).
+If the tokens follow the target's law, the u of every row and position are i.i.d.
+Uniform(0, 1) (each is uniform given everything before it), whatever the order; the
+order only sets which departures the bins see best. The rows' u are binned into
+`num_bins` equal bins: one Pearson chi-square per drafting law over all positions, and
+one per position (Bonferroni over all of a report's tests, as `check_verifier`).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import stats as sstats
+
+from spectr_jax import engine, methods
+from spectr_jax.config import DecodeSpec
+from spectr_jax.models import ModelBundle, get_model_config, init_params
+from spectr_jax.testing.harness import Report, Row
+
+__all__ = ["check_engine", "chi_square", "random_pair", "uniforms"]
+
+PROMPT = (1, 2, 3, 4)
+
+
+def random_pair(
+  vocab: int, seed: int = 0, *, sharpness: float = 2.5, noise: float = 1.0, model="draft-test"
+):
+  """(draft, target) `ModelBundle`s over `vocab` tokens of architecture `model`
+  (`models.get_model_config`): the target's final norm scaled by `sharpness` (sharper
+  logits), the draft the target plus `noise` times Gaussian noise of each weight's own
+  scale. The defaults give, at V = 32000, a target of entropy about 5 nats after PROMPT
+  and a draft 0.84 away from it in total variation."""
+  config = get_model_config(model, vocab, max_len=32)
+  params = init_params(config, jax.random.key(seed))
+
+  def sharpen(path, x):
+    return x * sharpness if "final_norm" in jax.tree_util.keystr(path) else x
+
+  params = jax.tree_util.tree_map_with_path(sharpen, params)
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  noisy = [
+    x + noise * jnp.maximum(jnp.std(x), 1e-3) * jax.random.normal(k, x.shape, x.dtype)
+    for x, k in zip(leaves, keys, strict=True)
+  ]
+  draft = ModelBundle(config, jax.tree_util.tree_unflatten(treedef, noisy))
+  return draft, ModelBundle(config, params)
+
+
+def _decode(spec: DecodeSpec, draft, target, key, rows: int, chunk: int):
+  """(tokens_RxT, tokens per round of each row) of `rows` rows of PROMPT, `chunk` rows
+  per call."""
+  prompts = jnp.tile(jnp.asarray([PROMPT], jnp.int32), (chunk, 1))
+  lengths = jnp.full((chunk,), len(PROMPT), jnp.int32)
+  tokens, per_round = [], []
+  for i in range(math.ceil(rows / chunk)):
+    out = engine.generate(
+      jax.random.fold_in(key, i),
+      spec,
+      draft=draft,
+      target=target,
+      prompts=prompts,
+      prompt_lengths=lengths,
+    )
+    tokens.append(np.asarray(out.tokens_BxT))
+    rounds_B = np.maximum(np.asarray(out.stats.rounds_B, np.float64), 1.0)
+    per_round.append(np.asarray(out.stats.emitted_B) / rounds_B)
+  return np.concatenate(tokens)[:rows], np.concatenate(per_round)[:rows]
+
+
+def _last_logits(model, seq_BxS):
+  return model.model.apply({"params": model.params}, seq_BxS)[:, -1].astype(jnp.float32)
+
+
+def token_order(draft, target):
+  """Every token, most target-favoured first: by log q - log p after PROMPT (where a
+  verifier's acceptance and residual act, so where their mistakes show)."""
+  prompt = jnp.asarray([PROMPT], jnp.int32)
+  log_q = jax.nn.log_softmax(_last_logits(target, prompt)[0])
+  log_p = jax.nn.log_softmax(_last_logits(draft, prompt)[0])
+  return jnp.argsort(-(log_q - log_p))
+
+
+def uniforms(target, tokens_RxT, key, order_V, chunk: int = 256):
+  """The randomized probability integral transform of every token under its target
+  conditional, tokens in `order_V` (module docstring): u_RxT, and whether any token had
+  q = 0."""
+  rows = tokens_RxT.shape[0]
+  rank_V = jnp.argsort(order_V)
+
+  @jax.jit
+  def transform(seq_BxS, key):
+    logits = target.model.apply({"params": target.params}, seq_BxS)
+    q_BxTxV = jax.nn.softmax(logits[:, len(PROMPT) - 1 : -1].astype(jnp.float32), -1)
+    y_BxT = seq_BxS[:, len(PROMPT) :]
+    q_y_BxT = jnp.take_along_axis(q_BxTxV, y_BxT[..., None], -1)[..., 0]
+    # Q(y): the mass of the tokens ranked before y.
+    before_BxTxV = rank_V < rank_V[y_BxT][..., None]
+    cdf_BxT = jnp.sum(jnp.where(before_BxTxV, q_BxTxV, 0.0), -1)
+    u_BxT = cdf_BxT + jax.random.uniform(key, y_BxT.shape) * q_y_BxT
+    return jnp.clip(u_BxT, 0.0, 1.0), jnp.any(q_y_BxT <= 0)
+
+  prompt = np.broadcast_to(np.asarray(PROMPT, np.int32), (rows, len(PROMPT)))
+  seq = np.hstack([prompt, tokens_RxT]).astype(np.int32)
+  out, zero = [], False
+  for start in range(0, rows, chunk):
+    block = seq[start : start + chunk]
+    pad = chunk - block.shape[0]
+    if pad:
+      block = np.concatenate([block, np.broadcast_to(block[:1], (pad, block.shape[1]))])
+    u, z = transform(jnp.asarray(block), jax.random.fold_in(key, start))
+    out.append(np.asarray(u)[: chunk - pad])
+    zero |= bool(z)
+  return np.concatenate(out), zero
+
+
+def chi_square(u, num_bins: int) -> tuple[str, float]:
+  """("statistic / df", p-value) of Pearson's chi-square of `u` in `num_bins` equal bins
+  of [0, 1] against the uniform law."""
+  counts = np.bincount(np.minimum((u * num_bins).astype(int), num_bins - 1), minlength=num_bins)
+  statistic, pvalue = sstats.chisquare(counts, np.full(num_bins, u.size / num_bins))
+  return f"{statistic:.1f} / {num_bins - 1}", float(pvalue)
+
+
+def check_engine(
+  method: str,
+  *,
+  num_drafts: int = 3,
+  draft_len: int = 2,
+  new_tokens: int = 3,
+  vocab: int = 32_000,
+  rows: int = 4096,
+  chunk: int = 256,
+  num_bins: int = 32,
+  seed: int = 0,
+  alpha: float = 1e-3,
+  pair=None,
+) -> Report:
+  """Checks that the registered `method` decodes the target's law through the engine at
+  an LLM vocabulary, for each drafting law it claims (`Method.exact_for`; one run where
+  it takes one draft).
+
+  Args:
+    method: a speculative method of the registry (`spectr_jax.methods.register` adds one).
+    num_drafts, draft_len: K and L of its rounds (K capped at the method's largest).
+    new_tokens: tokens decoded per row (several rounds: rollback and bonus tokens).
+    vocab: V of the random pair.
+    rows: rows decoded per law; chunk: rows per engine call.
+    num_bins: bins of the transformed tokens' chi-square.
+    seed: the pair's weights and the keys.
+    alpha: the report's false-alarm budget (Bonferroni over its tests).
+    pair: (draft, target) to use instead of `random_pair(vocab, seed)`.
+
+  Returns:
+    A `harness.Report`: per law, one row over all positions ("engine V..., every
+    token") and one per position, with the engine's tokens per round.
+  """
+  record = methods.get(method)
+  if not record.speculative:
+    raise ValueError(f"method {method!r} verifies no drafts: nothing to check")
+  if rows < num_bins * 5:
+    raise ValueError(f"rows={rows}: at least 5 per bin ({num_bins * 5}) for the chi-square")
+  k = min(num_drafts, record.max_drafts or num_drafts)
+  laws = record.exact_for if k > 1 else (record.drafting,)
+  draft, target = pair if pair is not None else random_pair(vocab, seed)
+  key = jax.random.key(seed)
+  order_V = token_order(draft, target)
+  rows_out, pvalues = [], []
+  for li, law in enumerate(laws):
+    spec = DecodeSpec(method, k, draft_len, max_new_tokens=new_tokens, drafting=law)
+    tokens, per_round = _decode(spec, draft, target, jax.random.fold_in(key, li), rows, chunk)
+    u_RxT, zero = uniforms(target, tokens, jax.random.fold_in(key, 100 + li), order_V, chunk)
+    what = [("every token", u_RxT.ravel())]
+    what += [(f"token {t + 1}", u_RxT[:, t]) for t in range(new_tokens)]
+    for label, u in what:
+      row = Row(f"engine V{target.config.num_logits} {label}", law, k, draft_len,
+                target.config.num_logits, "engine", "", tokens=float(per_round.mean()),
+                tokens_se=float(per_round.std(ddof=1) / math.sqrt(per_round.size)))  # fmt: skip
+      if zero:
+        row.statistic, row.pvalue, row.passed = "a token of q = 0", 0.0, False
+        row.why = "a token of target probability 0"
+      else:
+        row.statistic, row.pvalue = chi_square(u, num_bins)
+      rows_out.append(row)
+      pvalues.append(row.pvalue)
+  level = alpha / len(pvalues)
+  for row, pvalue in zip(rows_out, pvalues, strict=True):
+    if pvalue < level and row.passed:
+      row.passed, row.why = False, "law"
+  return Report(f"{method} (engine)", tuple(laws), alpha, rows_out, len(pvalues))
