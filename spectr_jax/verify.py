@@ -311,7 +311,7 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
   return walk_positions(verifier_at, key, drafts_KxL, p_KxLxV, q_KxL1xV)
 
 
-def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV):
+def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV, length=None):
   """The token-level walk of `walk` for any verify function: position t runs
   verifier_at(rep, t)(fold_in(key, t), drafts_K, p_V, q_V, valid_K) (-> `methods.Verdict`;
   rep is the first surviving draft, whose p and q every survivor shares), the drafts
@@ -319,10 +319,16 @@ def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV):
   is valid and the function draws the bonus from q. Used by the engine (through `walk`)
   and by `spectr_jax.testing.check_verifier` for functions outside the registry.
 
+  `length` (int scalar, may be traced; default L) verifies only positions t < length,
+  as if the drafts ended there: at t = length no draft is valid and the bonus comes from
+  q after `length` tokens (`spectr_jax.adaptive`: exact when `length` is decided from
+  the drafts position by position, each from the tokens before it).
+
   Returns:
     (tokens_L1, num_tokens, BlockStats).
   """
   num_drafts, draft_len = drafts_KxL.shape
+  length = draft_len if length is None else length
   # The position keys fold_in(key, t), drawn in one batched call before the loop.
   keys_L1 = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(draft_len + 1))
 
@@ -330,7 +336,7 @@ def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV):
     live, alive_K = carry  # live: the walk reaches position t.
     # Surviving drafts agree on all earlier tokens, so they share p and q at t.
     rep = jnp.argmax(alive_K)
-    in_draft = t < draft_len
+    in_draft = t < length
     t_draft = jnp.minimum(t, draft_len - 1)
     q_V = q_KxL1xV[rep, t]
     # At t = L no draft is valid and the verifier samples the bonus token from q.
