@@ -21,6 +21,11 @@ own token to decide whether j is verified (its draft probability, its target
 probability) changes the law of the tokens the verifier sees: such rules are not exact,
 and the tests show the harness rejecting them (tests/test_adaptive.py).
 
+Status: the rule and its exactness are here; the engine does not run it yet. With static
+shapes a shorter walk alone saves nothing (the L positions are drafted and scored
+anyway): the savings need the engine to stop drafting when every row of the batch has
+stopped and to score only up to the longest length (issue 41).
+
 The length is the run of leading positions that pass (position 0 always does), so it is
 well defined by construction, whatever the rounding of the running sums.
 """
