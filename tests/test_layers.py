@@ -27,6 +27,7 @@ ORDER = (
   "timing",
   "programs",
   "acceptance",
+  "adaptive",
   "optimal",
   "block",
   "traversal",
