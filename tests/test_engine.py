@@ -24,10 +24,11 @@ def models():
 
 
 _slow = pytest.mark.slow
+# The 10k-row law tests compile at the suite's quick level (cheaper in all at this size
+# than XLA's optimised build; tests/test_engine_law.py); the mesh law below keeps it.
 
 
 @pytest.mark.slow
-@pytest.mark.execution_bound
 # A sharper and a flatter target, the second also top-k (the temperature is traced, top-k
 # is part of the program), with K-SEQ's two other split factors: rho = K and a fixed one.
 @pytest.mark.parametrize("temperature, top_k, rho", [(0.6, 0, "k"), (1.5, 2, 2.5)])
@@ -41,7 +42,6 @@ def test_engine_exact_for_transformed_target(models, temperature, top_k, rho):
 
 
 @pytest.mark.slow
-@pytest.mark.execution_bound
 def test_engine_rrs_with_fewer_tokens_than_drafts(models):
   """Top-k = 2 leaves the draft 2 tokens for K = 3 drafts without replacement: the third
   path copies the first, and the output law stays the (transformed) target's."""
@@ -53,7 +53,6 @@ def test_engine_rrs_with_fewer_tokens_than_drafts(models):
 
 
 @pytest.mark.slow
-@pytest.mark.execution_bound
 def test_engine_rejects_broken_rollback(models, monkeypatch):
   """An engine that keeps the rejected draft tokens in its caches must be caught."""
 
