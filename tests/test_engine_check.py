@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 
 from spectr_jax import methods
-from spectr_jax.methods import Verdict
-from spectr_jax.sampling import categorical
 from spectr_jax.testing import engine_check
 from tests import stats
 
@@ -27,21 +25,10 @@ def pair():
   return engine_check.random_pair(32_000)
 
 
-def sd_q_residual(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
-  """Broken speculative sampling: after a rejection the token is drawn from q, not from
-  the residual norm(max(q - p, 0))."""
-  accept_key, residual_key = jax.random.split(key)
-  x, valid = drafts_K[0], valid_K[0]
-  ratio = jnp.where(p_V[x] > 0, q_V[x] / jnp.where(p_V[x] > 0, p_V[x], 1.0), 0.0)
-  accepted = valid & (jax.random.uniform(accept_key) < ratio)
-  y = categorical(residual_key, q_V)
-  return Verdict(jnp.where(accepted, x, y).astype(jnp.int32), accepted)
-
-
 BROKEN = dataclasses.replace(
   methods.get("sd"),
   name="sd_q_residual_test",
-  verify=f"{__name__}:sd_q_residual",
+  verify="tests.test_harness:sd_q_residual",  # the harness tests' broken rule
   summary="speculative sampling with its residual drawn from q (broken, tests only)",
   label="sd, residual from q (broken)",
   compare_with=(),
