@@ -21,10 +21,12 @@ own token to decide whether j is verified (its draft probability, its target
 probability) changes the law of the tokens the verifier sees: such rules are not exact,
 and the tests show the harness rejecting them (tests/test_adaptive.py).
 
-Status: the rule and its exactness are here; the engine does not run it yet. With static
-shapes a shorter walk alone saves nothing (the L positions are drafted and scored
-anyway): the savings need the engine to stop drafting when every row of the batch has
-stopped and to score only up to the longest length (issue 41).
+The engine runs it with `DecodeSpec(adaptive=threshold)`: the draft loop stops when no
+row of the batch verifies the next position (`drafting`, a `lax.while_loop`), the target
+scores the drafts up to the smallest of `length_buckets` that holds the batch's longest
+length (one compiled call per bucket), and each row's walk verifies its own length
+(`rounds.run_round`). Static shapes throughout: positions never drafted hold p = 0,
+which never passes the rule and is never read by the walk.
 
 The length is the run of leading positions that pass (position 0 always does), so it is
 well defined by construction, whatever the rounding of the running sums.
@@ -32,7 +34,13 @@ well defined by construction, whatever the rounding of the running sums.
 
 import jax.numpy as jnp
 
-__all__ = ["confident_length"]
+__all__ = ["confident_length", "length_buckets"]
+
+
+def length_buckets(draft_len: int) -> tuple[int, ...]:
+  """The lengths the target's call is compiled for: the powers of two below L, and L."""
+  return tuple(sorted({2**i for i in range(draft_len.bit_length()) if 2**i < draft_len}
+                      | {draft_len}))  # fmt: skip
 
 
 def confident_length(drafts_KxL, p_KxLxV, threshold) -> jnp.ndarray:

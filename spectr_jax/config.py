@@ -542,6 +542,13 @@ class DecodeSpec(Schema):
     layer_stack: how the models' layers run: "scan" (one compiled layer under
       `lax.scan`; compiles fast), "unroll", or "auto" (scan models of
       `models.layout.SCAN_MIN_LAYERS` layers or more). The same tokens, to rounding.
+    adaptive: adaptive draft length (`spectr_jax.adaptive`): a confidence threshold in
+      (0, 1]; each round drafts and verifies position j >= 1 only while the likeliest
+      draft prefix before j is at least this probable (L becomes the longest length),
+      and the target scores the drafts up to the batch's longest length. 0 = off (every
+      round drafts and verifies L positions). The same output law; token-level verifiers
+      on tails only (not `dedup`, not a block-level method). Any value > 0 shares one
+      program.
 
   `DecodeSpec.parse("kseq:8:4")` reads the benchmarks' short form.
   """
@@ -560,6 +567,7 @@ class DecodeSpec(Schema):
   eos_ids: tuple[int, ...] = ()
   dedup: bool = False
   layer_stack: str = "auto"
+  adaptive: float = 0.0
 
   def __post_init__(self):
     record = methods.get(self.method)
@@ -567,7 +575,8 @@ class DecodeSpec(Schema):
     _integers("max_new_tokens", [self.max_new_tokens], 1)
     if not record.speculative:  # nothing drafted: one spec (and program) however named
       for name, value in (("num_drafts", 1), ("draft_len", 0), ("drafting", ""),
-                          ("branching", ""), ("rho", "star"), ("dedup", False)):  # fmt: skip
+                          ("branching", ""), ("rho", "star"), ("dedup", False),
+                          ("adaptive", 0.0)):  # fmt: skip
         set_(name, value)
     _integers("num_drafts", [self.num_drafts], 1)
     _integers("draft_len", [self.draft_len], 1 if record.speculative else 0)
@@ -617,6 +626,24 @@ class DecodeSpec(Schema):
     set_("temperature", float(self.temperature))
     set_("top_p", float(self.top_p))
     set_("dedup", self.dedup and self.draft_len > 0)
+    self._check_adaptive(record)
+
+  def _check_adaptive(self, record: "methods.Method") -> None:
+    if not (isinstance(self.adaptive, numbers.Real) and 0 <= self.adaptive <= 1):
+      raise ValueError(
+        f"adaptive must be a threshold in (0, 1], or 0 for off, got {self.adaptive!r}"
+      )
+    object.__setattr__(self, "adaptive", float(self.adaptive))
+    if self.adaptive == 0:
+      return
+    if record.level != "token":
+      raise ValueError(
+        f"adaptive draft length needs a token-level verifier: method {self.method!r} "
+        "verifies whole blocks (its walk cannot stop at a chosen position); use one of "
+        f"{[m.name for m in methods.METHODS.values() if m.level == 'token']}"
+      )
+    if self.dedup:
+      raise ValueError("adaptive draft length drafts and scores tails: set dedup false")
 
   @property
   def speculative(self) -> bool:
@@ -726,6 +753,9 @@ class DecodeSettings(Schema):
     drafting: the drafting scheme of every speculative cell (`DecodeSpec.drafting`); ""
       for each method's default. A sweep's methods must be exact for it
       (`methods.exact_for(drafting)` lists them).
+    adaptive: adaptive draft length's threshold for every speculative cell
+      (`DecodeSpec.adaptive`; 0 = off): L is then each round's longest length. A sweep's
+      speculative methods must be token-level.
 
   A field added after results were first stored carries `KEY_WHEN_SET` in its metadata:
   a cell's record (and so its key) holds it only where it differs from its default, so
@@ -744,6 +774,7 @@ class DecodeSettings(Schema):
   branching: str = dataclasses.field(default="", metadata={KEY_WHEN_SET: True})
   layer_stack: str = dataclasses.field(default="auto", metadata={KEY_WHEN_SET: True})
   drafting: str = dataclasses.field(default="", metadata={KEY_WHEN_SET: True})
+  adaptive: float = dataclasses.field(default=0.0, metadata={KEY_WHEN_SET: True})
 
   def __post_init__(self):
     _integers("num_prompts", [self.num_prompts], 1)
@@ -758,6 +789,8 @@ class DecodeSettings(Schema):
       raise ValueError(f"dedup must be true or false, got {self.dedup!r}")
     # The fields a DecodeSpec shares are checked by it (one place).
     DecodeSpec(method="autoregressive", **self._shared())
+    DecodeSpec(method="sd", adaptive=self.adaptive)
+    object.__setattr__(self, "adaptive", float(self.adaptive))
     # Normalise the types, so equal settings hash (and key cells) equally.
     object.__setattr__(self, "temperature", float(self.temperature))
     object.__setattr__(self, "top_k", int(self.top_k))
@@ -802,6 +835,7 @@ class DecodeSettings(Schema):
       rho=rho,
       eos_ids=tuple(eos_ids) if self.stop_at_eos else (),
       dedup=self.dedup,
+      adaptive=self.adaptive,
       **self._shared(),
     )
 

@@ -3,7 +3,7 @@
 A scheme is a function
 
   scheme(extend, params, cache, pending_Bx2, num_pending_B, key_B, probs, *,
-         num_drafts, draft_len, take_tails=None) -> Drafts
+         num_drafts, draft_len, take_tails=None, threshold=None) -> Drafts
 
 that runs the draft model through `extend` (the decoder's extend-on-tails call:
 (params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None, tails_empty=False) ->
@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import sampling
+from spectr_jax import adaptive, sampling
 from spectr_jax.methods import PROPORTIONAL, check_branching
 
 __all__ = [
@@ -261,7 +261,7 @@ def _runs(sizes: list[int]) -> list[tuple[int, int, int]]:
 
 def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pending_Bx2,
            num_pending_B, key_B, probs, *, num_drafts: int, draft_len: int,
-           take_tails: Callable | None = None) -> Drafts:  # fmt: skip
+           take_tails: Callable | None = None, threshold=None) -> Drafts:  # fmt: skip
   """K draft paths of L tokens per row, drawn depth by depth.
 
   `first` (depth 0) and `draw` (the later depths), (key_BxK, p_BxKxV, source_BxK, level,
@@ -280,6 +280,11 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
   `lax.scan` follow, each writing its p in place into p_BxKxLxV. With `take_tails` the
   opening runs on one tail and step t on one tail per node of levels[t] (a scan per run
   of steps of one node size: `_extend_shared`; module docstring).
+
+  With `threshold` (adaptive draft length, tails only) a `lax.while_loop` replaces the
+  scan: step t runs while some row verifies position t (`adaptive.confident_length` of
+  the drafts so far, whose undrawn positions have p = 0 and so never pass), so the
+  drafts end at the batch's longest length; later positions keep token 0 and p = 0.
   """
   b, k, n = pending_Bx2.shape[0], num_drafts, draft_len
   call = functools.partial(_extend_shared, extend, take_tails, params)
@@ -318,13 +323,41 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
   carry = (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2)
   t_A, level_Ax2 = jnp.arange(1, n), jnp.asarray(levels[1:], jnp.int32).reshape(n - 1, 2)
   sizes = [level[0] if take_tails is not None else 1 for level in levels[1:]]
-  for start, stop, size in _runs(sizes):
-    steps = t_A[start:stop], level_Ax2[start:stop]
-    carry, _ = jax.lax.scan(functools.partial(step, size), carry, steps)
-    positions += (stop - start) * k // size
+  if threshold is not None:
+    if take_tails is not None:
+      raise ValueError("adaptive draft length drafts tails: it shares no prefixes (no dedup)")
+    carry, steps = _while_confident(functools.partial(step, 1), carry, level_Ax2, threshold)
+    positions = positions + steps * k
+  else:
+    for start, stop, size in _runs(sizes):
+      steps = t_A[start:stop], level_Ax2[start:stop]
+      carry, _ = jax.lax.scan(functools.partial(step, size), carry, steps)
+      positions += (stop - start) * k // size
   cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, _ = carry
   drafts_BxKxL = jnp.take_along_axis(drafts_BxKxL, source_BxK[:, :, None], 1)
   return Drafts(drafts_BxKxL, p_BxKxLxV, cache, bad_B, jnp.int32(positions))
+
+
+def _while_confident(step: Callable, carry, level_Ax2, threshold):
+  """The steps t = 1, 2, ... of `_paths` (on K tails) while t < L and some row verifies
+  position t (`adaptive.confident_length` of the drafts so far > t). Returns (carry,
+  steps run)."""
+  n = level_Ax2.shape[0] + 1
+  if n == 1:
+    return carry, jnp.int32(0)
+  length = jax.vmap(adaptive.confident_length, (0, 0, None))
+
+  def more(loop):
+    t, (_, drafts_BxKxL, p_BxKxLxV, *_) = loop
+    return (t < n) & jnp.any(length(drafts_BxKxL, p_BxKxLxV, threshold) > t)
+
+  def body(loop):
+    t, carry = loop
+    carry, _ = step(carry, (t, level_Ax2[jnp.minimum(t, n - 1) - 1]))
+    return t + 1, carry
+
+  t, carry = jax.lax.while_loop(more, body, (jnp.int32(1), carry))
+  return carry, t - 1
 
 
 def iid(
@@ -339,6 +372,7 @@ def iid(
   num_drafts: int,
   draft_len: int,
   take_tails: Callable | None = None,
+  threshold: jax.Array | None = None,
 ) -> Drafts:
   """K i.i.d. draft sequences of L tokens per row (SpecTr).
 
@@ -352,6 +386,8 @@ def iid(
     num_drafts, draft_len: K and L (static).
     take_tails: the decoder's `take_tails`, to compute each shared prefix once (module
       docstring), or None for K tails throughout.
+    threshold: adaptive draft length's threshold (`spectr_jax.adaptive`; tails only):
+      drafting stops after the batch's longest confident length. None: L positions.
 
   Returns:
     `Drafts`.
@@ -359,7 +395,7 @@ def iid(
   levels = [(1, 1)] * draft_len  # unused by `_iid`
   return _paths(_iid, _iid, levels, extend, params, cache, pending_Bx2, num_pending_B, key_B,
                 probs, num_drafts=num_drafts, draft_len=draft_len,
-                take_tails=take_tails)  # fmt: skip
+                take_tails=take_tails, threshold=threshold)  # fmt: skip
 
 
 def without_replacement(
@@ -375,6 +411,7 @@ def without_replacement(
   draft_len: int,
   branching: tuple[int, ...] | None = None,
   take_tails: Callable | None = None,
+  threshold: jax.Array | None = None,
 ) -> Drafts:
   """A static tree of K paths per row: at depth t every node has branching[t] children,
   drawn without replacement from the draft (`distinct_tokens`, the law of Gumbel-top-k).
@@ -401,6 +438,7 @@ def without_replacement(
       paths follow the draft's probabilities (`_proportional`).
     take_tails: the decoder's `take_tails`, to compute each shared prefix once (module
       docstring), or None for K tails throughout.
+    threshold: as in `iid`.
 
   Returns:
     `Drafts`.
@@ -410,7 +448,7 @@ def without_replacement(
   run = functools.partial(_paths, extend=extend, params=params, cache=cache,
                           pending_Bx2=pending_Bx2, num_pending_B=num_pending_B, key_B=key_B,
                           probs=probs, num_drafts=num_drafts, draft_len=draft_len,
-                          take_tails=take_tails)  # fmt: skip
+                          take_tails=take_tails, threshold=threshold)  # fmt: skip
   if branching == PROPORTIONAL:
     return run(_proportional, _proportional, [(1, 1)] * draft_len)
   levels, size = [], num_drafts

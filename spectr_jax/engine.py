@@ -244,6 +244,7 @@ def round_spec(
     greedy=spec.greedy,
     scan_layers=spec.scan_layers,
     drafting=spec.drafting,
+    adaptive=spec.adaptive > 0,
   )
 
 
@@ -255,6 +256,7 @@ def traced_values(spec: DecodeSpec) -> Traced:
     rho_value=acceptance.split_rho(spec.rho)[1],
     eos_ids=jnp.asarray(spec.eos_ids or (-1,), jnp.int32),
     token_limit=jnp.int32(spec.token_limit or spec.max_new_tokens),
+    threshold=jnp.float32(spec.adaptive),
   )
 
 

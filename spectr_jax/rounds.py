@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from spectr_jax import methods, sampling, sharding, tree, verify
+from spectr_jax import adaptive, methods, sampling, sharding, tree, verify
 from spectr_jax.models import Decoder, KVCache, ModelConfig, ancestor_mask, decoder
 
 
@@ -50,6 +50,10 @@ class RoundSpec:
   scan_layers: bool | None = None
   # The drafting scheme (a name in `methods.DRAFTING`); "": the method's default.
   drafting: str = ""
+  # Adaptive draft length (`spectr_jax.adaptive`; its threshold is `Traced.threshold`):
+  # each row verifies its confident length, drafting stops at the batch's longest and the
+  # target scores a bucket of lengths (`adaptive.length_buckets`).
+  adaptive: bool = False
 
   @property
   def scores_tree(self) -> bool:
@@ -78,7 +82,8 @@ class DecodeStats:
   """Per-row statistics (B leading); tokens cut by the token limit or EOS are not counted.
 
   rounds_B: rounds run (= target calls, the prefill excluded).
-  draft_calls_B: draft model calls (L per round).
+  draft_calls_B: draft model calls (L per round; with `adaptive`, the batch's longest
+    length).
   emitted_B: tokens emitted.
   tokens_per_round_BxL2: histogram of tokens emitted per round (index 0..L+1).
   reached_BxL1: rounds whose walk reached position t (t = L is the bonus draw).
@@ -96,7 +101,10 @@ class DecodeStats:
     compiled tree size a round used with `tree`).
   draft_positions_B: draft positions computed, summed over rounds (K * (L + 1) for tails:
     two pending tokens, then L - 1 steps; with `tree`, the pending tokens once and a
-    static tree's nodes once each: `drafting`).
+    static tree's nodes once each: `drafting`; with `adaptive`, K (m + 1) for the
+    batch's longest length m).
+  lengths_BxL1: histogram of the positions a round verified (index 1..L; every round at
+    L unless `adaptive`).
   """
 
   rounds_B: jax.Array
@@ -114,6 +122,7 @@ class DecodeStats:
   nodes_B: jax.Array
   positions_B: jax.Array
   draft_positions_B: jax.Array
+  lengths_BxL1: jax.Array
 
   @property
   def block_efficiency(self) -> jax.Array:
@@ -148,6 +157,8 @@ class Traced(NamedTuple):
   eos_ids: jax.Array  # int32 [A] stop tokens (-1: none)
   # Tokens a row emits at most (int32; never more than RoundSpec.max_new_tokens).
   token_limit: jax.Array | int = 2**31 - 1
+  # Adaptive draft length's threshold (float32; read only with RoundSpec.adaptive).
+  threshold: jax.Array | float = 0.0
 
 
 def probs(spec: RoundSpec, logits_AxV, traced: Traced):
@@ -176,11 +187,13 @@ def draft(spec, params, cache, state, key_B, traced):
     draft_len=spec.draft_len,
     take_tails=spec.draft.take_tails if spec.scores_tree else None,
     **({} if spec.branching is None else {"branching": spec.branching}),
+    **({"threshold": traced.threshold} if spec.adaptive else {}),
   )
 
 
-def verify_rows(spec, key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced):
-  """Runs the block walk per row: (tokens_BxL1, num_B, verify.BlockStats)."""
+def verify_rows(spec, key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced, length_B=None):
+  """Runs the block walk per row, of length_B[b] positions (default L): (tokens_BxL1,
+  num_B, verify.BlockStats)."""
   if spec.draft_len == 0:
     tokens_B = jax.vmap(sampling.categorical)(key_B, q_BxKxL1xV[:, 0, 0])
     zeros_Bx1 = jnp.zeros((key_B.shape[0], 1), bool)
@@ -192,7 +205,11 @@ def verify_rows(spec, key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced):
   walk = functools.partial(
     verify.walk, rho_value=traced.rho_value, method=spec.method, rho_mode=spec.rho_mode
   )
-  return jax.vmap(walk)(key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV)
+  if length_B is None:
+    return jax.vmap(walk)(key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV)
+  return jax.vmap(lambda *a: walk(*a[:-1], length=a[-1]))(
+    key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, length_B
+  )
 
 
 class Scored(NamedTuple):
@@ -214,18 +231,37 @@ class Scored(NamedTuple):
   positions: jax.Array
 
 
-def score(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Traced) -> Scored:
-  """One target call on `[last, d_1..d_L]` of every tail, or on the nodes of their tree."""
+def score(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Traced,
+          length_B=None) -> Scored:  # fmt: skip
+  """One target call on `[last, d_1..d_L]` of every tail, or on the nodes of their tree;
+  with length_B (adaptive) on `[last, d_1..d_m]`, m the smallest of
+  `adaptive.length_buckets` >= every row's length (one compiled call per bucket, under a
+  data-dependent conditional; q after m is never read)."""
   if spec.scores_tree:
     return _score_tree(spec, target_params, cache, last_B, drafts_BxKxL, traced)
   b, k, length = drafts_BxKxL.shape
   last_BxKx1 = jnp.broadcast_to(last_B[:, None, None], (b, k, 1))
-  # A round's target call follows a commit (or the prefill): its tails are empty.
-  logits_BxKxL1xV, cache = spec.target.extend(
-    target_params, jnp.concatenate([last_BxKx1, drafts_BxKxL], axis=2), cache, tails_empty=True
-  )
+  tokens_BxKxL1 = jnp.concatenate([last_BxKx1, drafts_BxKxL], axis=2)
+
+  def prefix(m):
+    def run(cache):
+      # A round's target call follows a commit (or the prefill): its tails are empty.
+      logits, cache = spec.target.extend(
+        target_params, tokens_BxKxL1[:, :, : m + 1], cache, tails_empty=True
+      )
+      return jnp.pad(logits, ((0, 0), (0, 0), (0, length - m), (0, 0))), cache
+
+    return run
+
+  if length_B is None:
+    logits_BxKxL1xV, cache = prefix(length)(cache)
+    positions = jnp.int32(k * (length + 1))
+  else:
+    sizes = adaptive.length_buckets(length)
+    bucket = jnp.searchsorted(jnp.asarray(sizes), jnp.max(length_B))
+    logits_BxKxL1xV, cache = jax.lax.switch(bucket, [prefix(m) for m in sizes], cache)
+    positions = k * (jnp.asarray(sizes, jnp.int32)[bucket] + 1)
   bad_B = sampling.nonfinite_rows(logits_BxKxL1xV)
-  positions = jnp.int32(k * (length + 1))
   nodes_B = jnp.full((b,), positions)
   return Scored(probs(spec, logits_BxKxL1xV, traced), cache, bad_B, None, nodes_B, positions)
 
@@ -284,11 +320,12 @@ def _emit(spec, state: State, tokens_BxL1, num_B, bad_B, traced) -> _Emitted:
 
 
 def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, path_node_BxKxL1,
-            tokens_BxL1, num_B, live_B):  # fmt: skip
+            tokens_BxL1, num_B, live_B, length_B):  # fmt: skip
   """Appends the accepted tokens of a surviving draft to both caches (any survivor: they
   agree on the emitted tokens; with a tree, the target's entries are the survivor's
-  nodes): (target_cache, draft_cache, last_B, pending_Bx2, num_pending_B)."""
-  w = spec.round_width
+  nodes): (target_cache, draft_cache, last_B, pending_Bx2, num_pending_B). A row whose
+  walk accepted all its length_B drafts keeps its last draft and the bonus pending (the
+  draft never fed its last draft)."""
   agree_BxK = jnp.all(
     (drafts_BxKxL == tokens_BxL1[:, None, : spec.draft_len])
     | (jnp.arange(spec.draft_len) >= num_B[:, None, None] - 1),
@@ -306,26 +343,27 @@ def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, path_no
   )
   pending_Bx2, num_pending_B = state.pending_Bx2, state.num_pending_B
   if spec.draft_len > 0:
-    seen_B = jnp.minimum(num_B - 1, spec.draft_len - 1)
+    seen_B = jnp.minimum(num_B - 1, length_B - 1)
     draft_cache = spec.draft.commit(
       draft_cache, tail_B, jnp.where(live_B, num_pending_B + seen_B, 0)
     )
-    full_B = num_B == w
+    full_B = num_B == length_B + 1
     one_Bx2 = jnp.stack([last_B, jnp.zeros_like(last_B)], axis=1)
-    new_pending_Bx2 = jnp.where(full_B[:, None], tokens_BxL1[:, w - 2 :], one_Bx2)
+    ends_Bx2 = jnp.take_along_axis(tokens_BxL1, length_B[:, None] + jnp.arange(-1, 1), 1)
+    new_pending_Bx2 = jnp.where(full_B[:, None], ends_Bx2, one_Bx2)
     pending_Bx2 = jnp.where(live_B[:, None], new_pending_Bx2, pending_Bx2)
     num_pending_B = jnp.where(live_B, jnp.where(full_B, 2, 1), num_pending_B)
   return target_cache, draft_cache, last_B, pending_Bx2, num_pending_B
 
 
 def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, bad_B, draft_bad_B,
-           active_B, scored: Scored, draft_positions):  # fmt: skip
+           active_B, scored: Scored, draft_positions, length_B):  # fmt: skip
   """The statistics after a round (see `DecodeStats`)."""
   live_B, emit_B = emitted.live_B, emitted.emit_B
   counted_BxL1 = live_B[:, None] & (jnp.arange(spec.round_width) < emit_B[:, None])
   return DecodeStats(
     rounds_B=s.rounds_B + live_B,
-    draft_calls_B=s.draft_calls_B + live_B * spec.draft_len,
+    draft_calls_B=s.draft_calls_B + live_B * jnp.max(length_B, initial=0),
     emitted_B=s.emitted_B + emit_B,
     tokens_per_round_BxL2=s.tokens_per_round_BxL2
     + (live_B[:, None] & (jnp.arange(spec.round_width + 1) == emit_B[:, None])),
@@ -340,6 +378,8 @@ def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, ba
     nodes_B=s.nodes_B + jnp.where(live_B, scored.nodes_B, 0),
     positions_B=s.positions_B + jnp.where(live_B, scored.positions, 0),
     draft_positions_B=s.draft_positions_B + jnp.where(live_B, draft_positions, 0),
+    lengths_BxL1=s.lengths_BxL1
+    + (live_B[:, None] & (jnp.arange(spec.round_width) == length_B[:, None])),
   )
 
 
@@ -369,19 +409,29 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
       drafts = draft(spec, draft_params, state.draft_cache, state, draft_key_B, traced)
     drafts_BxKxL, p_BxKxLxV, draft_cache = drafts.tokens_BxKxL, drafts.p_BxKxLxV, drafts.cache
     bad_B, draft_positions = drafts.nonfinite_B, drafts.positions
+    length_B = jnp.full((b,), spec.draft_len, jnp.int32)
+    if spec.adaptive:
+      length_B = jax.vmap(adaptive.confident_length, (0, 0, None))(
+        drafts_BxKxL, p_BxKxLxV, traced.threshold
+      )
   else:
     drafts_BxKxL = jnp.zeros((b, k, 0), jnp.int32)
     p_BxKxLxV, draft_cache, bad_B = None, state.draft_cache, jnp.zeros((b,), bool)
     draft_positions = jnp.int32(0)
+    length_B = jnp.zeros((b,), jnp.int32)
   with jax.named_scope("score"):
-    scored = score(spec, target_params, state.target_cache, state.last_B, drafts_BxKxL, traced)
+    scored = score(
+      spec, target_params, state.target_cache, state.last_B, drafts_BxKxL, traced,
+      length_B if spec.adaptive else None,
+    )  # fmt: skip
     q_BxKxL1xV, target_cache, target_bad_B = scored.q_BxKxL1xV, scored.cache, scored.nonfinite_B
   draft_bad_B = bad_B
   bad_B |= target_bad_B
   with jax.named_scope("verify"):
     tokens_BxL1, num_B, block = verify_rows(
-      spec, verify_key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced
-    )
+      spec, verify_key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced,
+      length_B if spec.adaptive else None,
+    )  # fmt: skip
   with jax.named_scope("commit"):
     emitted = _emit(spec, state, tokens_BxL1, num_B, bad_B, traced)
     out_BxW = jax.vmap(lambda out, new, at: jax.lax.dynamic_update_slice(out, new, (at,)))(
@@ -400,11 +450,13 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
       tokens_BxL1,
       num_B,
       emitted.live_B,
+      length_B,
     )
   with jax.named_scope("stats"):
     stats = _count(
-      spec, state.stats, emitted, block, bad_B, draft_bad_B, active_B, scored, draft_positions
-    )
+      spec, state.stats, emitted, block, bad_B, draft_bad_B, active_B, scored, draft_positions,
+      length_B,
+    )  # fmt: skip
   return State(
     rounds_B=state.rounds_B + active_B,
     done_B=done_B,
@@ -466,5 +518,6 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
       nodes_B=zeros_B,
       positions_B=zeros_B,
       draft_positions_B=zeros_B,
+      lengths_BxL1=zeros_BxL1,
     ),
   )

@@ -274,7 +274,8 @@ class BlockStats(NamedTuple):
   overshoot_L1: jax.Array
 
 
-def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: str):
+def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: str,
+         length=None):  # fmt: skip
   """The block walk of `verify_block` without its input checks (for use inside jit).
 
   A fixed-trip `lax.scan` over the L + 1 positions (no data-dependent loop, so no host
@@ -289,16 +290,23 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
     method: a speculative method of the registry (`spectr_jax.methods`).
     rho_mode: "star", "k" or "fixed" (see `acceptance.split_rho`; methods without a split
       factor never see it).
+    length: verify only positions t < length (`walk_positions`; token-level methods;
+      adaptive draft length, `spectr_jax.adaptive`); positions from length on are never
+      read (p there may be 0). None: L.
 
   Returns:
     (tokens_L1, num_tokens, BlockStats), as `verify_block` with return_stats.
   """
   record = methods.get(method)
   if record.level == "block":
+    if length is not None:
+      raise ValueError(f"method {method!r} verifies whole blocks: it takes no length")
     return _block_walk(record.function(), key, drafts_KxL, p_KxLxV, q_KxL1xV)
   # K-SEQ's rho* for the whole block, each position's read as its fixed split factor.
   if record.takes_rho and rho_mode == "star":
     rho_KxL = rho_star_KxL(drafts_KxL, p_KxLxV, q_KxL1xV)
+    if length is not None:  # beyond the length p may be 0: its rho* is never used
+      rho_KxL = jnp.where(jnp.arange(drafts_KxL.shape[1]) < length, rho_KxL, 1.0)
 
     def verifier_at(rep, t_draft):
       return _position_function(method, "fixed", rho_KxL[rep, t_draft])
@@ -308,7 +316,7 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
     def verifier_at(rep, t_draft):
       return fixed
 
-  return walk_positions(verifier_at, key, drafts_KxL, p_KxLxV, q_KxL1xV)
+  return walk_positions(verifier_at, key, drafts_KxL, p_KxLxV, q_KxL1xV, length)
 
 
 def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV, length=None):

@@ -1,18 +1,21 @@
 """`spectr_jax.adaptive`: a draft length decided from the tokens before each position keeps
-K-SEQ and single-draft sampling exact (the harness's enumerated laws); rules that look at
-the position's own token (its draft or its target probability) are not exact, and the
-harness shows the case."""
+K-SEQ and single-draft sampling exact (the harness's enumerated laws, and through the
+engine, `DecodeSpec(adaptive=...)`); rules that look at the position's own token (its
+draft or its target probability) are not exact, and the harness and the engine's law
+test show the case."""
 
 import functools
+import types
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import adaptive, verify
+from spectr_jax import DecodeSpec, adaptive, engine, rounds, verify
 from spectr_jax.methods import BlockVerdict
 from spectr_jax.testing import harness
-from tests import stats
+from tests import engine_pair, stats
+from tests.engine_pair import codes, exact_law, generate
 
 THRESHOLD = 0.5
 # Trees of L >= 2, one of each kind the adaptive rule meets (the bound of every law case
@@ -125,3 +128,109 @@ def test_a_length_decided_from_the_position_itself_is_not_exact(rule):
   report = _check(adaptive_walk("kseq", rule))
   assert not report.passed, report.markdown()
   assert any(r.why.startswith("law") for r in report.failures), report.markdown()
+
+
+def test_the_target_is_compiled_for_a_few_lengths():
+  assert adaptive.length_buckets(1) == (1,)
+  assert adaptive.length_buckets(4) == (1, 2, 4)
+  assert adaptive.length_buckets(6) == (1, 2, 4, 6)
+  assert adaptive.length_buckets(8) == (1, 2, 4, 8)
+
+
+@pytest.mark.parametrize(
+  "kw, match",
+  [
+    (dict(method="gbv", num_drafts=2), "token-level verifier"),
+    (dict(method="kseq", num_drafts=2, dedup=True), "dedup"),
+    (dict(method="kseq", adaptive=1.5), r"\(0, 1\]"),
+    (dict(method="kseq", adaptive=-0.1), r"\(0, 1\]"),
+    (dict(method="kseq", adaptive="0.5"), r"\(0, 1\]"),
+  ],
+)
+def test_a_spec_that_cannot_adapt_is_refused(kw, match):
+  kw.setdefault("adaptive", 0.5)
+  with pytest.raises(ValueError, match=match):
+    DecodeSpec(**kw)
+
+
+def test_a_spec_without_drafts_is_never_adaptive():
+  assert DecodeSpec(method="autoregressive", adaptive=0.5).adaptive == 0.0
+  assert DecodeSpec(method="kseq", adaptive=1).adaptive == 1.0
+
+
+@pytest.fixture(scope="module")
+def pair():
+  return engine_pair.models()
+
+
+def test_the_engine_drafts_and_scores_only_the_verified_positions(pair):
+  """At threshold 1 no prefix is likely enough to go past position 0 (the draft's
+  probabilities are below 1): every round drafts and scores one position per draft."""
+  draft, target = pair
+  k = 3
+  out = generate(draft, target, "kseq", k, 3, 4, batch=8, adaptive=1.0)
+  s = jax_numpy(out.stats)
+  assert np.all(s.lengths_BxL1[:, 1] == s.rounds_B) and np.all(s.lengths_BxL1.sum(1) == s.rounds_B)
+  assert np.all(s.draft_calls_B == s.rounds_B)
+  assert np.all(s.draft_positions_B == 2 * k * s.rounds_B)
+  assert np.all(s.positions_B == 2 * k * s.rounds_B)
+  assert np.all(s.tokens_per_round_BxL2[:, 3:] == 0)  # one draft token and the bonus at most
+  assert np.all(np.asarray(out.lengths_B) == 4)
+
+
+def jax_numpy(tree):
+  return types.SimpleNamespace(
+    **{f: np.asarray(getattr(tree, f)) for f in tree.__dataclass_fields__}
+  )
+
+
+@pytest.mark.slow
+def test_the_engines_adaptive_rounds_keep_the_output_law(pair):
+  """K-SEQ, K = 3, L = 3 at threshold 0.6 through the engine: the target's law over 4
+  tokens; rounds verify 1, 2 and 3 positions and the target call takes each bucket."""
+  draft, target = pair
+  out = generate(draft, target, "kseq", 3, 3, 4, key=3, adaptive=0.6)
+  law = exact_law(target, 4)
+  stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, "kseq adaptive")
+  lengths = np.asarray(out.stats.lengths_BxL1).sum(0)
+  assert lengths[0] == 0 and np.all(lengths[1:] > 0.02 * lengths.sum()), lengths
+  assert engine_pair.residual_share(out, 3) >= 0.2
+
+
+@pytest.mark.slow
+def test_a_threshold_every_prefix_passes_decodes_the_static_tokens(pair):
+  """A threshold below every prefix's probability verifies L positions each round: the
+  same tokens as the static decode, key for key (the adaptive program changes no draw)."""
+  draft, target = pair
+  static = generate(draft, target, "kseq", 3, 2, 6, batch=256)
+  adapted = generate(draft, target, "kseq", 3, 2, 6, batch=256, adaptive=1e-30)
+  np.testing.assert_array_equal(np.asarray(adapted.tokens_BxT), np.asarray(static.tokens_BxT))
+  lengths = np.asarray(adapted.stats.lengths_BxL1)
+  assert np.all(lengths[:, 2] == np.asarray(adapted.stats.rounds_B))
+
+
+def own_token_length(drafts_KxL, p_KxLxV, threshold):
+  """Broken: position j is verified iff its own draft token has probability at least
+  `threshold` (any draft)."""
+  p_KxL = jnp.take_along_axis(p_KxLxV, drafts_KxL[..., None], -1)[..., 0]
+  passes_L = (jnp.max(p_KxL, axis=0) >= threshold).at[0].set(True)
+  return jnp.sum(jnp.cumprod(passes_L.astype(jnp.int32)))
+
+
+@pytest.mark.slow
+def test_the_engines_law_test_rejects_a_rule_that_reads_the_position_itself(pair, monkeypatch):
+  """The engine with the round's lengths from `own_token_length` (the drafting keeps the
+  real rule, which drafts at least as far): single-draft sampling at L = 2."""
+  draft, target = pair
+  broken = types.SimpleNamespace(
+    confident_length=own_token_length, length_buckets=adaptive.length_buckets
+  )
+  engine.compiled_program.cache_clear()
+  monkeypatch.setattr(rounds, "adaptive", broken)
+  try:
+    out = generate(draft, target, "sd", 1, 2, 4, adaptive=0.5)
+  finally:
+    engine.compiled_program.cache_clear()
+  law = exact_law(target, 4)
+  counts = np.bincount(codes(out.tokens_BxT), minlength=law.size)
+  stats.assert_rejects(counts, law, "sd own-token length", min_power=0.99)
