@@ -42,8 +42,9 @@ def predicted_speedup(block_efficiency: float, draft_len: int, cost_ratio: float
   return block_efficiency / (1.0 + draft_len * cost_ratio)
 
 
-def _interpolate(points: dict[int, float], x: int, what: str) -> float:
-  """points[x], or the straight line between the nearest measured counts around x."""
+def _interpolate(points: dict[int, float], x: float, what: str) -> float:
+  """points[x], or the straight line between the nearest measured counts around x
+  (x may be a mean, not an integer)."""
   if x in points:
     return points[x]
   below = [k for k in points if k < x]
@@ -110,30 +111,35 @@ class CostTable:
       return False
     return True
 
-  def round_ms(self, method: str, num_drafts: int, draft_len: int) -> float:
+  def round_ms(self, method: str, num_drafts: int, draft_len: int,
+               draft_calls: float | None = None,
+               positions: float | None = None) -> float:  # fmt: skip
     """The predicted time of one round: the sum of its parts (class docstring); KeyError
-    where the table lacks a part."""
-    positions = num_drafts * (draft_len + 1)
+    where the table lacks a part. An adaptive round (`DecodeSpec.adaptive`) makes fewer
+    draft calls and scores fewer positions than L and K(L + 1): give their means per
+    round (the verification is the walk of L's entry)."""
+    draft_calls = draft_len if draft_calls is None else draft_calls
+    positions = num_drafts * (draft_len + 1) if positions is None else positions
     ms = _interpolate(self.target_ms, positions, "target positions")
     ms += self.verify_ms[verify_key(method, num_drafts, draft_len)]
     ms += self.overhead_ms
-    if draft_len:
+    if draft_calls:
       ms += _interpolate(self.draft_open_ms, num_drafts, "drafts")
-    if draft_len > 1:
-      ms += (draft_len - 1) * _interpolate(self.draft_step_ms, num_drafts, "drafts")
+      ms += max(draft_calls - 1, 0) * _interpolate(self.draft_step_ms, num_drafts, "drafts")
     return ms
 
   def tokens_per_s(self, block_efficiency: float, method: str, num_drafts: int,
-                   draft_len: int) -> float:  # fmt: skip
-    """Predicted decoding speed of the batch: B x block_efficiency tokens per round."""
-    round_s = 1e-3 * self.round_ms(method, num_drafts, draft_len)
+                   draft_len: int, **calls) -> float:  # fmt: skip
+    """Predicted decoding speed of the batch: B x block_efficiency tokens per round
+    (`calls`: `round_ms`'s draft_calls and positions of adaptive rounds)."""
+    round_s = 1e-3 * self.round_ms(method, num_drafts, draft_len, **calls)
     return self.batch * block_efficiency / round_s
 
   def speedup(self, block_efficiency: float, method: str, num_drafts: int,
-              draft_len: int) -> float:  # fmt: skip
+              draft_len: int, **calls) -> float:  # fmt: skip
     """Predicted speedup over autoregressive decoding: block_efficiency x t_AR / t_round."""
     ar_ms = self.round_ms("autoregressive", 1, 0)
-    return block_efficiency * ar_ms / self.round_ms(method, num_drafts, draft_len)
+    return block_efficiency * ar_ms / self.round_ms(method, num_drafts, draft_len, **calls)
 
   def describe(self) -> str:
     """One line: where and on what the costs were measured."""

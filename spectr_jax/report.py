@@ -178,9 +178,11 @@ _GAIN_COLUMNS = (
 
 def variant(cell: dict[str, Any]) -> str:
   """What a cell's label adds for a drafting scheme other than its method's default, its
-  drafts' tree shape and dedup scoring, e.g. " (wor, proportional, dedup)"; "" for tails
-  of the method's default drafts. (Records store `DecodeSettings.dedup` as "tree".)"""
+  drafts' tree shape, dedup scoring and adaptive draft length, e.g. " (wor, proportional,
+  dedup)" or " (adaptive 0.3)"; "" for static tails of the method's default drafts.
+  (Records store `DecodeSettings.dedup` as "tree".)"""
   parts = [cell.get("drafting", ""), cell.get("branching", "")] + ["dedup"] * bool(cell.get("tree"))
+  parts += [f"adaptive {cell['adaptive']:g}"] if cell.get("adaptive") else []
   parts = [p for p in parts if p]
   return f" ({', '.join(parts)})" if parts else ""
 
@@ -305,7 +307,17 @@ def summarize(
       # (`experiment.expand` stores it without).
       "_setting": _group_key(
         cell,
-        ("seed", "method", "num_drafts", "draft_len", "rho", "tree", "branching", "drafting"),
+        (
+          "seed",
+          "method",
+          "num_drafts",
+          "draft_len",
+          "rho",
+          "tree",
+          "branching",
+          "drafting",
+          "adaptive",
+        ),  # fmt: skip
       ),
     }
     if cell["method"] == "autoregressive":
@@ -327,15 +339,46 @@ def predicted(
 ) -> float | None:
   """The predicted speedup of a record's cell: from `costs` for rounds on K tails of the
   scheme's default drafts that it measured (None otherwise: trees, drafted tree shapes
-  and rounds it lacks), else the memory-bound model at the record's parameter ratio."""
+  and rounds it lacks), else the memory-bound model at the record's parameter ratio.
+  An adaptive cell's rounds cost its recorded mean draft calls and target positions."""
   cell = record["cell"]
   k, n = cell["num_drafts"], cell["draft_len"]
+  calls = {}
+  if cell.get("adaptive"):
+    rounds = max(sum(record["rounds"]), 1)
+    calls = {
+      "draft_calls": sum(record["draft_calls"]) / rounds,
+      "positions": sum(record["target_positions"]) / rounds,
+    }
   if costs is None:
     ratio = record["draft_params"] / max(record["target_params"], 1)
-    return metrics.predicted_speedup(block_efficiency, n, ratio)
+    return metrics.predicted_speedup(block_efficiency, calls.get("draft_calls", n), ratio)
   if cell.get("tree") or cell.get("branching") or not costs.covers(cell["method"], k, n):
     return None
-  return costs.speedup(block_efficiency, cell["method"], k, n)
+  return costs.speedup(block_efficiency, cell["method"], k, n, **calls)
+
+
+def recommendation(rows: Sequence[dict[str, Any]], costs: metrics.CostTable | None) -> str:
+  """One line: the exact configuration of `summarize`'s rows with the highest predicted
+  speedup (so the highest predicted tokens per second: one autoregressive round and
+  batch for all), its predicted figures and what the sweep measured of it."""
+  ranked = [r for r in rows if r["exact"] is True and r["predicted_speedup"] is not None]
+  if not ranked:
+    return "Recommended: none (no exact configuration has a predicted speedup)."
+  best = max(ranked, key=lambda r: r["predicted_speedup"])
+  rho = f" rho={best['rho_name']}" if best["rho_name"] else ""
+  predicted = f"predicted speedup {best['predicted_speedup']:.2f}x ({latency_model(costs)}"
+  if costs is not None:
+    ar_s = 1e-3 * costs.round_ms("autoregressive", 1, 0)
+    predicted += f", {best['predicted_speedup'] * costs.batch / ar_s:,.0f} tokens/s at "
+    predicted += f"batch {costs.batch} on {costs.device}"
+  measured = f"measured in the sweep: {best['tokens_per_s']:,.0f} tokens/s"
+  if best["speedup"] is not None:
+    measured += f", speedup {best['speedup']:.2f}x"
+  return (
+    f"Recommended: {best['label']} K={best['K']} L={best['L']}{rho}: {predicted}); "
+    f"{measured} (of {len(ranked)} exact configurations ranked)."
+  )
 
 
 def decoding_columns(costs: metrics.CostTable | None = None) -> list:
@@ -532,7 +575,7 @@ def write_report(
   inexact = [r for r in rows if r["exact"] is not True]
   table = decoding_columns(costs)
   text = [f"## Decoding ({results_dir.name})", "", markdown_table(exact, table), ""]
-  text += [_model_note(costs, records), ""]
+  text += [_model_note(costs, records), "", recommendation(rows, costs), ""]
   if inexact:
     text += [
       "## Not exact: the output law is NOT the target's (ranked apart)",

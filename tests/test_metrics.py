@@ -30,6 +30,17 @@ def test_round_is_the_sum_of_its_parts():
   assert table.round_ms("kseq", 4, 4) == pytest.approx(1.1 + 3 * 0.8 + 5.0 + 0.9 + 0.2)
 
 
+def test_an_adaptive_round_costs_its_mean_draft_calls_and_positions():
+  table = _table()
+  # K = 4, L = 4, on average 2.5 draft calls and 10 target positions per round.
+  target = 2.0 + (5.0 - 2.0) * 5 / 15
+  expected = 1.1 + 1.5 * 0.8 + target + 0.9 + 0.2
+  assert table.round_ms("kseq", 4, 4, draft_calls=2.5, positions=10) == pytest.approx(expected)
+  assert table.round_ms("kseq", 4, 4, draft_calls=4, positions=20) == table.round_ms("kseq", 4, 4)
+  fast = table.speedup(2.0, "kseq", 4, 4, draft_calls=2.5, positions=10)
+  assert fast == pytest.approx(2.0 * 1.3 / expected) and fast > table.speedup(2.0, "kseq", 4, 4)
+
+
 def test_unmeasured_counts_are_interpolated_linearly():
   table = _table()
   # K = 2: a third of the way from K = 1 to 4; 10 positions: 5/15 of the way from 5 to 20.

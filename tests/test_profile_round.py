@@ -170,3 +170,21 @@ def test_a_round_time_is_positive_or_not_resolved():
   assert timing.seconds_per_round(1.0, 0.5, 0) == pytest.approx(0.5)
   assert timing.seconds_per_round(0.5, 0.5, 5) is None
   assert timing.seconds_per_round(0.4, 0.5, 5) is None
+
+
+@pytest.mark.slow
+def test_bench_adaptive_compares_adaptive_with_static_rounds_on_the_same_prompts(capsys):
+  """scripts/bench_adaptive.py --small: every configuration's row, and the adaptive one
+  against the static L with a paired interval around each ratio."""
+  bench_adaptive = _script("bench_adaptive")
+  bench_adaptive.FLAGS(["bench_adaptive.py", "--small"])
+  bench_adaptive.main(["bench_adaptive.py"])
+  out = capsys.readouterr().out
+  assert "| L=1 |" in out and "| L=2 |" in out and "| L=2 adaptive 0.3 |" in out
+  (row,) = [line for line in out.splitlines() if line.startswith("| L=2 adaptive 0.3 | L=2")]
+  cells = [c.strip() for c in row.strip("|").split("|")]
+  for cell in cells[2:5]:  # tokens / round, / target position, draft positions / round
+    ratio, lower, upper = map(
+      float, cell.replace("[", "").replace("]", "").replace(",", "").split()
+    )
+    assert lower <= ratio <= upper

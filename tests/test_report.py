@@ -179,6 +179,47 @@ def test_summarize_rows():
   assert fixed["rho_name"] == "rho=1.5" and star["rho_name"] == "rho*"
 
 
+def test_an_adaptive_cell_is_labelled_and_costed_by_its_own_rounds():
+  record = _record("kseq", 4, 4, 0, [16, 16], [4, 4], 1.0, rho="star", adaptive=0.3)
+  record.update(draft_calls=[10, 10], target_positions=[40, 40])  # 2.5 calls, 10 positions
+  (row,) = report.summarize([record])
+  assert row["label"].endswith("(adaptive 0.3)")
+  # Memory-bound model: a round costs 1 + 2.5 draft calls x 0.1.
+  assert row["predicted_speedup"] == pytest.approx(4.0 / (1 + 2.5 * 0.1))
+
+
+def test_the_recommendation_is_the_exact_row_of_highest_predicted_speedup():
+  rows = report.summarize(_records())
+  line = report.recommendation(rows, None)
+  best = max((r for r in rows if r["exact"]), key=lambda r: r["predicted_speedup"])
+  assert line.startswith(f"Recommended: {best['label']} K={best['K']} L={best['L']}")
+  assert "memory-bound" in line and "3 exact configurations ranked" in line
+  # The inexact fixed-rho row is never recommended, whatever its figures.
+  for row in rows:
+    row["predicted_speedup"] = 9.0 if row["exact"] is not True else 1.0
+  assert "rho=1.5" not in report.recommendation(rows, None)
+  assert report.recommendation([], None).startswith("Recommended: none")
+
+
+def test_the_planner_ranks_by_predicted_tokens_per_second(tmp_path):
+  from experiments import plan
+
+  _write(tmp_path, _records())
+  costs = metrics.CostTable(
+    device="cpu", jax_version="0", draft_params=1, target_params=10, dtype="float32", batch=2,
+    draft_open_ms={1: 0.5, 4: 1.0}, draft_step_ms={1: 0.2, 4: 0.5}, target_ms={1: 1.0, 20: 4.0},
+    verify_ms={"autoregressive:1:0": 0.1, "sd:1:4": 0.2, "kseq:4:4": 0.5}, overhead_ms=0.1,
+  )  # fmt: skip
+  text = plan.plan([tmp_path], costs, batch=2)
+  lines = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+  speeds = [float(line.split("|")[-3].replace(",", "")) for line in lines[1:]]
+  assert speeds == sorted(speeds, reverse=True) and len(speeds) == 3
+  assert "rho=1.5" not in text  # not exact: never planned
+  assert text.splitlines()[-1].startswith("Recommended: ") and "batch 2 on cpu" in text
+  with pytest.raises(ValueError, match="measured at batch 2, not 8"):
+    plan.plan([tmp_path], costs, batch=8)
+
+
 def _write(directory, records, runs=("p",)):
   directory.mkdir(parents=True, exist_ok=True)
   lines = "".join(json.dumps(r) + "\n" for r in records)
