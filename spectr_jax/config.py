@@ -549,6 +549,14 @@ class DecodeSpec(Schema):
       round drafts and verifies L positions). The same output law; token-level verifiers
       on tails only (not `dedup`, not a block-level method). Any value > 0 shares one
       program.
+    path_budget: the batch's tree budget, for a scheme that draws a tree ("wor") in its
+      default shape (K distinct first tokens, each path continuing alone): the live rows
+      share path_budget x (live rows) draft paths per round, at least one each and at
+      most K, given greedily where the first tokens drawn leave the most draft mass
+      uncovered (`drafting.budget_paths`); a row's other candidates copy its first path.
+      In [1, K]; 0 = off (K paths per row). With `dedup` the target scores only the
+      paths given (a row's tree has paths x L + 1 nodes; the compiled size is the
+      batch's largest). Any value >= 1 shares one program.
 
   `DecodeSpec.parse("kseq:8:4")` reads the benchmarks' short form.
   """
@@ -568,6 +576,7 @@ class DecodeSpec(Schema):
   dedup: bool = False
   layer_stack: str = "auto"
   adaptive: float = 0.0
+  path_budget: float = 0.0
 
   def __post_init__(self):
     record = methods.get(self.method)
@@ -576,7 +585,7 @@ class DecodeSpec(Schema):
     if not record.speculative:  # nothing drafted: one spec (and program) however named
       for name, value in (("num_drafts", 1), ("draft_len", 0), ("drafting", ""),
                           ("branching", ""), ("rho", "star"), ("dedup", False),
-                          ("adaptive", 0.0)):  # fmt: skip
+                          ("adaptive", 0.0), ("path_budget", 0.0)):  # fmt: skip
         set_(name, value)
     _integers("num_drafts", [self.num_drafts], 1)
     _integers("draft_len", [self.draft_len], 1 if record.speculative else 0)
@@ -627,6 +636,27 @@ class DecodeSpec(Schema):
     set_("top_p", float(self.top_p))
     set_("dedup", self.dedup and self.draft_len > 0)
     self._check_adaptive(record)
+    self._check_path_budget(scheme)
+
+  def _check_path_budget(self, scheme: "methods.Drafting | None") -> None:
+    if not (isinstance(self.path_budget, numbers.Real) and (
+        self.path_budget == 0 or 1 <= self.path_budget <= self.num_drafts)):  # fmt: skip
+      raise ValueError(
+        f"path_budget must lie in [1, K = {self.num_drafts}], or be 0 for off, got "
+        f"{self.path_budget!r}"
+      )
+    object.__setattr__(self, "path_budget", float(self.path_budget))
+    if self.path_budget == 0:
+      return
+    if scheme is None or not scheme.branches or self.branching != "":
+      raise ValueError(
+        "path_budget shares draft paths of a tree drafting scheme in its default shape "
+        f"(drafting 'wor' with branching ''): method {self.method!r} draws "
+        f"{'no tree' if scheme is None or not scheme.branches else 'a tree'}"
+        f"{f' of branching {self.branching!r}' if self.branching != '' else ''}"
+      )
+    if self.adaptive:
+      raise ValueError("path_budget and adaptive are not combined: choose one")
 
   def _check_adaptive(self, record: "methods.Method") -> None:
     if not (isinstance(self.adaptive, numbers.Real) and 0 <= self.adaptive <= 1):
@@ -756,6 +786,9 @@ class DecodeSettings(Schema):
     adaptive: adaptive draft length's threshold for every speculative cell
       (`DecodeSpec.adaptive`; 0 = off): L is then each round's longest length. A sweep's
       speculative methods must be token-level.
+    path_budget: the batch's tree budget of every cell with drafts (`DecodeSpec.
+      path_budget`; 0 = off): paths per row on average, at most each cell's K. A
+      sweep's methods must draw trees ("wor").
 
   A field added after results were first stored carries `KEY_WHEN_SET` in its metadata:
   a cell's record (and so its key) holds it only where it differs from its default, so
@@ -775,6 +808,7 @@ class DecodeSettings(Schema):
   layer_stack: str = dataclasses.field(default="auto", metadata={KEY_WHEN_SET: True})
   drafting: str = dataclasses.field(default="", metadata={KEY_WHEN_SET: True})
   adaptive: float = dataclasses.field(default=0.0, metadata={KEY_WHEN_SET: True})
+  path_budget: float = dataclasses.field(default=0.0, metadata={KEY_WHEN_SET: True})
 
   def __post_init__(self):
     _integers("num_prompts", [self.num_prompts], 1)
@@ -791,6 +825,10 @@ class DecodeSettings(Schema):
     DecodeSpec(method="autoregressive", **self._shared())
     DecodeSpec(method="sd", adaptive=self.adaptive)
     object.__setattr__(self, "adaptive", float(self.adaptive))
+    if not (isinstance(self.path_budget, numbers.Real) and (
+        self.path_budget == 0 or self.path_budget >= 1)):  # fmt: skip
+      raise ValueError(f"path_budget must be >= 1, or 0 for off, got {self.path_budget!r}")
+    object.__setattr__(self, "path_budget", float(self.path_budget))
     # Normalise the types, so equal settings hash (and key cells) equally.
     object.__setattr__(self, "temperature", float(self.temperature))
     object.__setattr__(self, "top_k", int(self.top_k))
@@ -836,6 +874,7 @@ class DecodeSettings(Schema):
       eos_ids=tuple(eos_ids) if self.stop_at_eos else (),
       dedup=self.dedup,
       adaptive=self.adaptive,
+      path_budget=self.path_budget,
       **self._shared(),
     )
 
@@ -937,6 +976,15 @@ class SweepConfig(Schema):
             f"rhos {self.rhos} give method {method.name!r} no cell at K = {k} (a fixed rho "
             f"above K is skipped); add 'star', 'k' or a rho <= {k}"
           )
+      # Every cell's spec, so a setting a cell cannot take is named before any decode.
+      for k in ks if method.speculative else ():
+        for n in self.draft_lens:
+          try:
+            self.decoding.spec(method.name, k, n)
+          except ValueError as error:
+            raise ValueError(
+              f"decoding with method {method.name!r} at K = {k}, L = {n}: {error}"
+            ) from None
 
   def _check_models(self) -> None:
     """The grid against the pair's models (vocabulary, max_len), before any is loaded:

@@ -245,6 +245,7 @@ def round_spec(
     scan_layers=spec.scan_layers,
     drafting=spec.drafting,
     adaptive=spec.adaptive > 0,
+    path_budget=spec.path_budget > 0,
   )
 
 
@@ -257,6 +258,7 @@ def traced_values(spec: DecodeSpec) -> Traced:
     eos_ids=jnp.asarray(spec.eos_ids or (-1,), jnp.int32),
     token_limit=jnp.int32(spec.token_limit or spec.max_new_tokens),
     threshold=jnp.float32(spec.adaptive),
+    path_budget=jnp.float32(spec.path_budget),
   )
 
 

@@ -54,6 +54,8 @@ class RoundSpec:
   # each row verifies its confident length, drafting stops at the batch's longest and the
   # target scores a bucket of lengths (`adaptive.length_buckets`).
   adaptive: bool = False
+  # The batch's tree budget (`drafting.budget_paths`; paths per row: `Traced.path_budget`).
+  path_budget: bool = False
 
   @property
   def scores_tree(self) -> bool:
@@ -104,7 +106,10 @@ class DecodeStats:
     static tree's nodes once each: `drafting`; with `adaptive`, K (m + 1) for the
     batch's longest length m).
   lengths_BxL1: histogram of the positions a round verified (index 1..L; every round at
-    L unless `adaptive`).
+    L unless `adaptive`; index 0 for rounds without drafts).
+  paths_B: distinct draft paths verified, summed over rounds (K per round but for paths
+    that coincide: i.i.d. draws by chance, a tree's copies, those a `path_budget` left
+    out).
   """
 
   rounds_B: jax.Array
@@ -123,6 +128,7 @@ class DecodeStats:
   positions_B: jax.Array
   draft_positions_B: jax.Array
   lengths_BxL1: jax.Array
+  paths_B: jax.Array
 
   @property
   def block_efficiency(self) -> jax.Array:
@@ -159,6 +165,8 @@ class Traced(NamedTuple):
   token_limit: jax.Array | int = 2**31 - 1
   # Adaptive draft length's threshold (float32; read only with RoundSpec.adaptive).
   threshold: jax.Array | float = 0.0
+  # Draft paths per live row (float32; read only with RoundSpec.path_budget).
+  path_budget: jax.Array | float = 0.0
 
 
 def probs(spec: RoundSpec, logits_AxV, traced: Traced):
@@ -188,6 +196,7 @@ def draft(spec, params, cache, state, key_B, traced):
     take_tails=spec.draft.take_tails if spec.scores_tree else None,
     **({} if spec.branching is None else {"branching": spec.branching}),
     **({"threshold": traced.threshold} if spec.adaptive else {}),
+    **({"path_budget": traced.path_budget, "live_B": ~state.done_B} if spec.path_budget else {}),
   )
 
 
@@ -356,8 +365,18 @@ def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, path_no
   return target_cache, draft_cache, last_B, pending_Bx2, num_pending_B
 
 
+def _distinct_paths(drafts_BxKxL) -> jax.Array:
+  """Per row, the number of distinct paths among the K drafts (0 without drafts)."""
+  k = drafts_BxKxL.shape[1]
+  if drafts_BxKxL.shape[2] == 0:
+    return jnp.zeros(drafts_BxKxL.shape[0], jnp.int32)
+  same_BxKxK = jnp.all(drafts_BxKxL[:, :, None] == drafts_BxKxL[:, None], axis=-1)
+  repeated_BxK = jnp.any(same_BxKxK & jnp.tri(k, k, -1, bool), axis=-1)  # an earlier twin
+  return jnp.sum(~repeated_BxK, axis=1).astype(jnp.int32)
+
+
 def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, bad_B, draft_bad_B,
-           active_B, scored: Scored, draft_positions, length_B):  # fmt: skip
+           active_B, scored: Scored, draft_positions, length_B, drafts_BxKxL):  # fmt: skip
   """The statistics after a round (see `DecodeStats`)."""
   live_B, emit_B = emitted.live_B, emitted.emit_B
   counted_BxL1 = live_B[:, None] & (jnp.arange(spec.round_width) < emit_B[:, None])
@@ -380,6 +399,7 @@ def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, ba
     draft_positions_B=s.draft_positions_B + jnp.where(live_B, draft_positions, 0),
     lengths_BxL1=s.lengths_BxL1
     + (live_B[:, None] & (jnp.arange(spec.round_width) == length_B[:, None])),
+    paths_B=s.paths_B + jnp.where(live_B, _distinct_paths(drafts_BxKxL), 0),
   )
 
 
@@ -455,7 +475,7 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
   with jax.named_scope("stats"):
     stats = _count(
       spec, state.stats, emitted, block, bad_B, draft_bad_B, active_B, scored, draft_positions,
-      length_B,
+      length_B, drafts_BxKxL,
     )  # fmt: skip
   return State(
     rounds_B=state.rounds_B + active_B,
@@ -519,5 +539,6 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
       positions_B=zeros_B,
       draft_positions_B=zeros_B,
       lengths_BxL1=zeros_BxL1,
+      paths_B=zeros_B,
     ),
   )
