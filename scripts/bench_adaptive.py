@@ -1,28 +1,32 @@
-"""Adaptive draft length against static ones: same prompts, same keys, paired intervals.
+"""Adaptive speculation against static configurations: same prompts, same keys, paired.
 
 Decodes the same held-out prompts of the embedded pair (its checkpoints in --workdir;
 random-weight models of the same sizes when they are missing, where acceptance means
-nothing) with K-SEQ at K drafts: static draft lengths (--lens) and adaptive rounds
-(`DecodeSpec(adaptive=threshold)`, --thresholds) drafting up to the longest static L.
-Row b of every configuration uses the same prompt and key (fold_in(key, b)), in batches
-of --batch rows, so each prompt is a paired unit. Prints, per configuration:
-  - tokens per round (block efficiency), tokens per target position, draft and target
-    positions per round (as the engine computed them: a batch's round drafts and scores
-    up to its longest length);
-  - tokens per second projected with a measured cost table (--cost_table, written by
-    `scripts/bench_decode.py` at the same batch size with kseq:K:L for every L here):
-    B x tokens / sum of the predicted rounds, each round costed at the draft calls and
-    target positions it made (`metrics.CostTable.round_ms`).
-Then each adaptive configuration against the static one of the same L, the static one of
-nearest target positions per round (equal compute) and, with a cost table, the best
-static one (highest projected tokens/s): ratios of sums with a paired percentile
-bootstrap over prompts (`report.paired_ratio`).
+nothing). Row b of every configuration uses the same prompt and key (fold_in(key, b)),
+in batches of --batch rows, so each prompt is a paired unit. Two sections:
+  - adaptive draft length: K-SEQ at K drafts, static draft lengths (--lens) and adaptive
+    rounds (`DecodeSpec(adaptive=threshold)`, --thresholds) drafting up to the longest L;
+  - the batch's tree budget: recursive rejection without replacement on dedup rounds of
+    L = --budget_len, static K = 2..K paths per row, and K paths at most with the batch
+    sharing --budgets paths per row (`DecodeSpec(path_budget=...)`).
+Per configuration: tokens per round (block efficiency), tokens per target position (the
+positions the engine computed: a batch's round drafts and scores up to its longest length,
+or its largest tree's compiled size), tokens per scored node (distinct prefixes), distinct
+paths, draft and target positions per round, and tokens per second projected with a
+measured cost table (--cost_table, written by `scripts/bench_decode.py` at the same batch
+size with kseq:K:L for every L here; tails only: B x tokens / sum of the predicted rounds,
+each round costed at the draft calls and target positions it made,
+`metrics.CostTable.round_ms`). Then each adaptive configuration against static ones (the
+same L or K; the nearest in target positions or paths, i.e. equal compute; with costs,
+the best projected one): ratios of sums with a paired percentile bootstrap over prompts
+(`report.paired_ratio`). Figures: docs/ADAPTIVE.md.
 
 Usage: python scripts/bench_adaptive.py [--workdir W] [--num_drafts 4] [--lens 1,2,4,8]
-         [--thresholds 0.1,0.3] [--prompts 64] [--batch 4] [--max_new_tokens 64]
-         [--cost_table PATH] [--small]
+         [--thresholds 0.1,0.3] [--budgets 1.5,2] [--budget_len 4] [--prompts 64]
+         [--batch 4] [--max_new_tokens 64] [--cost_table PATH] [--small]
 """
 
+import functools
 import pathlib
 
 import jax
@@ -43,6 +47,10 @@ _LENS = flags.DEFINE_list("lens", ["1", "2", "3", "4", "6", "8"], "Static L.", f
 _THRESHOLDS = flags.DEFINE_list(
   "thresholds", ["0.05", "0.1", "0.2", "0.3", "0.5"], "Adaptive thresholds.", flag_values=FLAGS
 )
+_BUDGETS = flags.DEFINE_list(
+  "budgets", ["1.5", "2", "2.5", "3"], "Paths per row shared by the batch.", flag_values=FLAGS
+)
+_BUDGET_LEN = flags.DEFINE_integer("budget_len", 4, "L of the tree budget runs.", flag_values=FLAGS)
 _PROMPTS = flags.DEFINE_integer("prompts", 64, "Held-out prompts.", flag_values=FLAGS)
 _BATCH = flags.DEFINE_integer("batch", 4, "Rows per call.", flag_values=FLAGS)
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens per row.", flag_values=FLAGS)
@@ -82,8 +90,9 @@ def prompts_for(heldout, num, prompt_len, vocab):
 
 def decode(spec, draft, target, tokens, lengths, batch):
   """Per-row counts of every batch: emitted, rounds, draft calls, draft and target
-  positions (each summed over the row's rounds)."""
-  fields = ("emitted_B", "rounds_B", "draft_calls_B", "draft_positions_B", "positions_B")
+  positions, scored nodes, distinct paths (each summed over the row's rounds)."""
+  fields = ("emitted_B", "rounds_B", "draft_calls_B", "draft_positions_B", "positions_B",
+            "nodes_B", "paths_B")  # fmt: skip
   rows = {f: [] for f in fields}
   for start in range(0, len(tokens), batch):
     ids = np.arange(start, min(start + batch, len(tokens)))
@@ -115,7 +124,74 @@ def round_seconds(costs: metrics.CostTable | None, spec: DecodeSpec, counts) -> 
 
 
 def label(spec: DecodeSpec) -> str:
-  return f"L={spec.draft_len}" + (f" adaptive {spec.adaptive:g}" if spec.adaptive else "")
+  text = f"{spec.method} K={spec.num_drafts} L={spec.draft_len}"
+  text += f" adaptive {spec.adaptive:g}" if spec.adaptive else ""
+  return text + (f" budget {spec.path_budget:g}" if spec.path_budget else "")
+
+
+COLUMNS = [
+  ("config", "config", "{}"),
+  ("tokens_per_round", "tokens / round", "{:.3f}"),
+  ("tokens_per_position", "tokens / target position", "{:.4f}"),
+  ("tokens_per_node", "tokens / scored node", "{:.4f}"),
+  ("paths", "paths / round", "{:.2f}"),
+  ("draft_positions", "draft positions / round", "{:.2f}"),
+  ("target_positions", "target positions / round", "{:.2f}"),
+  ("tokens_per_s", "projected tokens/s", "{:,.0f}"),
+]
+# (row key, numerator, denominator) of the paired ratios.
+RATIOS = (
+  ("tokens_per_round", "emitted", "rounds"),
+  ("tokens_per_position", "emitted", "positions"),
+  ("tokens_per_node", "emitted", "nodes"),
+  ("paths", "paths", "rounds"),
+  ("draft_positions", "draft_positions", "rounds"),
+)
+
+
+def measure(specs, draft, target, tokens, lengths, batch, costs):
+  """[(spec, counts, seconds or None, row)] of every spec, in order."""
+  runs = []
+  for spec in specs:
+    counts = decode(spec, draft, target, tokens, lengths, batch)
+    seconds = round_seconds(costs, spec, counts)
+    rounds = counts["rounds"].sum()
+    row = {"config": label(spec), "target_positions": counts["positions"].sum() / rounds}
+    row |= {key: counts[num].sum() / counts[den].sum() for key, num, den in RATIOS}
+    # Each round serves B rows: the batch's time is the rows' predicted times over B.
+    row["tokens_per_s"] = (
+      None if seconds is None else batch * counts["emitted"].sum() / seconds.sum()
+    )
+    runs.append((spec, counts, seconds, row))
+    print(f"  {label(spec)}: done", flush=True)
+  return runs
+
+
+def paired(runs, against) -> str:
+  """Each adaptive run (a spec with adaptive or path_budget) against the static runs
+  `against(run, static runs)` names ({reason: run}): ratios with paired intervals."""
+  static = [r for r in runs if not (r[0].adaptive or r[0].path_budget)]
+  entries = []
+  for spec, counts, seconds, row in runs:
+    if not (spec.adaptive or spec.path_budget):
+      continue
+    names: dict[str, list[str]] = {}  # one entry per static configuration, its reasons
+    bases = {}
+    for name, base in against((spec, counts, seconds, row), static).items():
+      names.setdefault(base[3]["config"], []).append(name)
+      bases[base[3]["config"]] = base
+    for config, (_, base_counts, base_s, _) in bases.items():
+      entry = {"config": row["config"], "against": f"{config} ({', '.join(names[config])})"}
+      for key, num, den in RATIOS:
+        entry[key] = _ratio(counts[num], counts[den], base_counts[num], base_counts[den])
+      entry["tokens_per_s"] = (
+        None if seconds is None or base_s is None
+        else _ratio(counts["emitted"], seconds, base_counts["emitted"], base_s)
+      )  # fmt: skip
+      entries.append(entry)
+  columns = [("config", "adaptive", "{}"), ("against", "static", "{}")]
+  columns += [(key, title, "{}") for key, title, _ in COLUMNS[1:] if key in entries[0]]
+  return tables.markdown(entries, columns)
 
 
 def main(argv):
@@ -124,87 +200,59 @@ def main(argv):
   k = _NUM_DRAFTS.value
   lens = [1, 2] if small else sorted(int(x) for x in _LENS.value)
   thresholds = [0.3] if small else [float(x) for x in _THRESHOLDS.value]
-  num, max_new = (8, 8) if small else (_PROMPTS.value, _MAX_NEW.value)
+  budgets = [1.5] if small else [float(x) for x in _BUDGETS.value]
+  num, max_new, batch = (8, 8, 4) if small else (_PROMPTS.value, _MAX_NEW.value, _BATCH.value)
   draft, target, heldout, what = load_pair(pathlib.Path(_WORKDIR.value), small)
   costs = metrics.CostTable.load(_COST_TABLE.value) if _COST_TABLE.value else None
-  if costs is not None and costs.batch != _BATCH.value:
-    raise app.UsageError(f"the cost table was measured at batch {costs.batch}, not {_BATCH.value}")
+  if costs is not None and costs.batch != batch:
+    raise app.UsageError(f"the cost table was measured at batch {costs.batch}, not {batch}")
   tokens, lengths = prompts_for(heldout, num, 8, target.config.vocab_size)
-  specs = [DecodeSpec(method="kseq", num_drafts=k, draft_len=n, max_new_tokens=max_new)
-           for n in lens]  # fmt: skip
-  specs += [DecodeSpec(method="kseq", num_drafts=k, draft_len=max(lens), max_new_tokens=max_new,
-                       adaptive=t) for t in thresholds]  # fmt: skip
-  print(f"{what}, K-SEQ K={k}, {num} prompts x {max_new} tokens, batch {_BATCH.value}")
-  runs = []
-  for spec in specs:
-    counts = decode(spec, draft, target, tokens, lengths, _BATCH.value)
-    seconds = round_seconds(costs, spec, counts)
-    runs.append((spec, counts, seconds))
-    print(f"  {label(spec)}: done", flush=True)
-  rows = []
-  for spec, c, seconds in runs:
-    rounds = c["rounds"].sum()
-    # Each round serves B rows: the batch's time is the rows' predicted times over B.
-    per_s = None if seconds is None else _BATCH.value * c["emitted"].sum() / seconds.sum()
-    rows.append({
-      "config": label(spec),
-      "tokens_per_round": c["emitted"].sum() / rounds,
-      "tokens_per_position": c["emitted"].sum() / c["positions"].sum(),
-      "draft_positions": c["draft_positions"].sum() / rounds,
-      "target_positions": c["positions"].sum() / rounds,
-      "tokens_per_s": per_s,
-    })  # fmt: skip
-  print(tables.markdown(rows, [
-    ("config", "config", "{}"),
-    ("tokens_per_round", "tokens / round", "{:.3f}"),
-    ("tokens_per_position", "tokens / target position", "{:.4f}"),
-    ("draft_positions", "draft positions / round", "{:.2f}"),
-    ("target_positions", "target positions / round", "{:.2f}"),
-    ("tokens_per_s", "projected tokens/s", "{:,.0f}"),
-  ]))  # fmt: skip
-  if costs is None:
-    print("(no --cost_table: no projected tokens/s; scripts/bench_decode.py writes one)")
-  else:
-    print(f"Projected with the cost table of {costs.describe()}.")
-  static = [r for r in zip(runs, rows, strict=True) if not r[0][0].adaptive]
-  print(f"\nAdaptive against static (paired over {num} prompts; ratios of sums, 95% intervals):")
-  paired = []
-  for (spec, counts, seconds), row in zip(runs, rows, strict=True):
-    if not spec.adaptive:
-      continue
-    against = {
+  spec = functools.partial(DecodeSpec, num_drafts=k, max_new_tokens=max_new)
+  print(f"{what}, {num} prompts x {max_new} tokens, batch {batch}, same prompts and keys\n")
+  footer = (
+    f"Projected with the cost table of {costs.describe()}." if costs is not None
+    else "(no --cost_table: no projected tokens/s; scripts/bench_decode.py writes one)"
+  )  # fmt: skip
+
+  print(f"## Adaptive draft length (K-SEQ, K = {k})\n")
+  runs = measure(
+    [spec(method="kseq", draft_len=n) for n in lens]
+    + [spec(method="kseq", draft_len=max(lens), adaptive=t) for t in thresholds],
+    draft, target, tokens, lengths, batch, costs,
+  )  # fmt: skip
+  print(tables.markdown([r[3] for r in runs], COLUMNS), footer, sep="\n")
+
+  def lengths_against(run, static):
+    out = {
       "same L": static[-1],
       "equal compute": min(
-        static, key=lambda r: abs(r[1]["target_positions"] - row["target_positions"])
+        static, key=lambda r: abs(r[3]["target_positions"] - run[3]["target_positions"])
       ),
     }
-    if costs is not None and all(r["tokens_per_s"] for _, r in static):
-      against["best"] = max(static, key=lambda r: r[1]["tokens_per_s"])
-    names: dict[str, list[str]] = {}  # one row per static configuration, its reasons
-    for name, (run, _) in against.items():
-      names.setdefault(label(run[0]), []).append(name)
-    for base, base_counts, base_s in {label(r[0][0]): r[0] for r in against.values()}.values():
-      entry = {"config": label(spec), "against": f"{label(base)} ({', '.join(names[label(base)])})"}
-      for key, num_key, den_key in (
-        ("tokens_per_round", "emitted", "rounds"),
-        ("tokens_per_position", "emitted", "positions"),
-        ("draft_positions", "draft_positions", "rounds"),
-      ):
-        entry[key] = _ratio(counts[num_key], counts[den_key], base_counts[num_key],
-                            base_counts[den_key])  # fmt: skip
-      entry["tokens_per_s"] = (
-        None if seconds is None or base_s is None
-        else _ratio(counts["emitted"], seconds, base_counts["emitted"], base_s)
-      )  # fmt: skip
-      paired.append(entry)
-  print(tables.markdown(paired, [
-    ("config", "adaptive", "{}"),
-    ("against", "static", "{}"),
-    ("tokens_per_round", "tokens / round", "{}"),
-    ("tokens_per_position", "tokens / target position", "{}"),
-    ("draft_positions", "draft positions / round", "{}"),
-    ("tokens_per_s", "projected tokens/s", "{}"),
-  ]))  # fmt: skip
+    if all(r[3]["tokens_per_s"] for r in static):
+      out["best"] = max(static, key=lambda r: r[3]["tokens_per_s"])
+    return out
+
+  print(f"\nPaired over {num} prompts (ratios of sums, 95% intervals):\n")
+  print(paired(runs, lengths_against))
+
+  n = 2 if small else _BUDGET_LEN.value
+  print(f"\n## Tree budget shared by the batch (rrs, dedup rounds, L = {n}, up to K = {k})\n")
+  runs = measure(
+    [spec(method="rrs", num_drafts=j, draft_len=n, dedup=True) for j in range(2, k + 1)]
+    + [spec(method="rrs", draft_len=n, dedup=True, path_budget=b) for b in budgets],
+    draft, target, tokens, lengths, batch, None,
+  )  # fmt: skip
+  print(tables.markdown([r[3] for r in runs], COLUMNS))
+
+  def budget_against(run, static):
+    return {
+      "same K": static[-1],
+      "equal paths": min(static, key=lambda r: abs(r[3]["paths"] - run[3]["paths"])),
+    }
+
+  print(f"\nPaired over {num} prompts (ratios of sums, 95% intervals):\n")
+  print(paired(runs, budget_against))
 
 
 def _ratio(num_a, den_a, num_b, den_b) -> str:

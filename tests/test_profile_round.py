@@ -174,17 +174,22 @@ def test_a_round_time_is_positive_or_not_resolved():
 
 @pytest.mark.slow
 def test_bench_adaptive_compares_adaptive_with_static_rounds_on_the_same_prompts(capsys):
-  """scripts/bench_adaptive.py --small: every configuration's row, and the adaptive one
-  against the static L with a paired interval around each ratio."""
+  """scripts/bench_adaptive.py --small: every configuration's row, and each adaptive one
+  (a draft length, a tree budget) against a static one with a paired interval around
+  each ratio."""
   bench_adaptive = _script("bench_adaptive")
   bench_adaptive.FLAGS(["bench_adaptive.py", "--small"])
   bench_adaptive.main(["bench_adaptive.py"])
   out = capsys.readouterr().out
-  assert "| L=1 |" in out and "| L=2 |" in out and "| L=2 adaptive 0.3 |" in out
-  (row,) = [line for line in out.splitlines() if line.startswith("| L=2 adaptive 0.3 | L=2")]
-  cells = [c.strip() for c in row.strip("|").split("|")]
-  for cell in cells[2:5]:  # tokens / round, / target position, draft positions / round
-    ratio, lower, upper = map(
-      float, cell.replace("[", "").replace("]", "").replace(",", "").split()
-    )
-    assert lower <= ratio <= upper
+  for config in ("kseq K=4 L=1", "kseq K=4 L=2", "kseq K=4 L=2 adaptive 0.3", "rrs K=2 L=2",
+                 "rrs K=4 L=2 budget 1.5"):  # fmt: skip
+    assert f"| {config} |" in out
+  for adaptive, static in (("kseq K=4 L=2 adaptive 0.3", "kseq K=4 L=2"),
+                           ("rrs K=4 L=2 budget 1.5", "rrs K=4 L=2")):  # fmt: skip
+    (row,) = [line for line in out.splitlines() if line.startswith(f"| {adaptive} | {static} (")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    for cell in cells[2:7]:  # tokens / round, / position, / node; paths, draft positions
+      ratio, lower, upper = map(
+        float, cell.replace("[", "").replace("]", "").replace(",", "").split()
+      )
+      assert lower <= ratio <= upper
