@@ -58,7 +58,7 @@ _COST_TABLE = flags.DEFINE_string(
   "cost_table", "", "A cost table (bench_decode.py) for the projection.", flag_values=FLAGS
 )
 _SMALL = flags.DEFINE_bool(
-  "small", False, "A seconds-long smoke run (tiny models, L 1 and 2, one threshold).",
+  "small", False, "A seconds-long smoke run (tiny models, K 3, L 2, one threshold, one budget).",
   flag_values=FLAGS,
 )  # fmt: skip
 
@@ -197,8 +197,8 @@ def paired(runs, against) -> str:
 def main(argv):
   del argv
   small = _SMALL.value
-  k = _NUM_DRAFTS.value
-  lens = [1, 2] if small else sorted(int(x) for x in _LENS.value)
+  k = 3 if small else _NUM_DRAFTS.value
+  lens = [2] if small else sorted(int(x) for x in _LENS.value)
   thresholds = [0.3] if small else [float(x) for x in _THRESHOLDS.value]
   budgets = [1.5] if small else [float(x) for x in _BUDGETS.value]
   num, max_new, batch = (8, 8, 4) if small else (_PROMPTS.value, _MAX_NEW.value, _BATCH.value)

@@ -109,16 +109,6 @@ def test_a_length_decided_before_each_position_keeps_the_law(method):
   assert all(r.tokens > 1.05 for r in report.rows), report.markdown()
 
 
-@pytest.mark.slow
-def test_the_rule_shortens_the_walks_on_these_trees():
-  """Not every walk runs to L: fewer tokens per round than the full walk on some tree
-  (the law test above is not the static walk's)."""
-  cut = _check(adaptive_walk("kseq", confident))
-  full = _check(adaptive_walk("kseq", lambda d, p, q: d.shape[1]))
-  gaps = [b.tokens - a.tokens for a, b in zip(cut.rows, full.rows, strict=True)]
-  assert max(gaps) > 0.05, (cut.markdown(), full.markdown())
-
-
 @pytest.mark.parametrize(
   "rule",
   [own_token, pytest.param(target_peek, marks=pytest.mark.slow)],

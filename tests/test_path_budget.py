@@ -95,14 +95,6 @@ def test_a_shared_budget_keeps_the_output_law(pair, method):
   assert per_row.min() < 1.9 and per_row.max() > 2.1  # shared unevenly, as gains say
 
 
-@pytest.mark.slow
-def test_a_budget_of_k_paths_decodes_the_static_tokens(pair):
-  draft, target = pair
-  static = generate(draft, target, "rrs", 3, 2, 6, batch=256, dedup=True)
-  shared = generate(draft, target, "rrs", 3, 2, 6, batch=256, dedup=True, path_budget=3)
-  np.testing.assert_array_equal(np.asarray(shared.tokens_BxT), np.asarray(static.tokens_BxT))
-
-
 def own_token(drawn_p_BxJ, valid_BxJ, path_budget, live_B):
   """Broken: a candidate is kept iff its own draft probability is at least 0.3."""
   del path_budget, live_B

@@ -150,6 +150,7 @@ def check_engine(
   seed: int = 0,
   alpha: float = 1e-3,
   pair=None,
+  **settings,
 ) -> Report:
   """Checks that the registered `method` decodes the target's law through the engine at
   an LLM vocabulary, for each drafting law it claims (`Method.exact_for`; one run where
@@ -165,6 +166,9 @@ def check_engine(
     seed: the pair's weights and the keys.
     alpha: the report's false-alarm budget (Bonferroni over its tests).
     pair: (draft, target) to use instead of `random_pair(vocab, seed)`.
+    **settings: other `DecodeSpec` fields of the decode, e.g. adaptive=0.3 (adaptive
+      draft length) or dedup=True, path_budget=2.0 (the batch's tree budget, shared by
+      the rows of each engine call of `chunk` rows).
 
   Returns:
     A `harness.Report`: per law, one row over all positions ("engine V..., every
@@ -182,7 +186,7 @@ def check_engine(
   order_V = token_order(draft, target)
   rows_out, pvalues = [], []
   for li, law in enumerate(laws):
-    spec = DecodeSpec(method, k, draft_len, max_new_tokens=new_tokens, drafting=law)
+    spec = DecodeSpec(method, k, draft_len, max_new_tokens=new_tokens, drafting=law, **settings)
     tokens, per_round = _decode(spec, draft, target, jax.random.fold_in(key, li), rows, chunk)
     u_RxT, zero = uniforms(target, tokens, jax.random.fold_in(key, 100 + li), order_V, chunk)
     what = [("every token", u_RxT.ravel())]
