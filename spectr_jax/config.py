@@ -551,7 +551,8 @@ class DecodeSpec(Schema):
       program.
     path_budget: the batch's tree budget, for a scheme that draws a tree ("wor") in its
       default shape (K distinct first tokens, each path continuing alone): the live rows
-      share path_budget x (live rows) draft paths per round, at least one each and at
+      (of each data shard, on a mesh) share floor(path_budget x live rows) draft paths
+      per round, at least one each and at
       most K, given greedily where the first tokens drawn leave the most draft mass
       uncovered (`drafting.budget_paths`); a row's other candidates copy its first path.
       In [1, K]; 0 = off (K paths per row). With `dedup` the target scores only the

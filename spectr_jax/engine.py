@@ -181,9 +181,9 @@ def generate(
       bits); row b uses fold_in(key, prompt_ids[b]), so its output does not depend
       on the batch it is in, its padding or the sharding.
     spec: what to decode (`config.DecodeSpec`: the verifier, drafting scheme, tree
-      shape, K, L, rho, sampling, stop tokens, token counts, layer stack). Specs that
-      differ only in temperature > 0, top_p < 1, rho's number or token_limit share one
-      compiled program.
+      shape, K, L, rho, sampling, stop tokens, token counts, layer stack, adaptive
+      speculation). Specs that differ only in temperature > 0, top_p < 1, rho's number,
+      token_limit, adaptive > 0 or path_budget >= 1 share one compiled program.
     draft: the draft model bundle (None for "autoregressive").
     target: the target model bundle. Both are decoded as `ModelBundle.for_decoding`
       holds them (weights in the compute dtype, layers stacked or split as

@@ -187,20 +187,25 @@ def test_model_sharded_logits_match_one_device(pair, shape):
       np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=0)
 
 
-def _decode(pair, method, mesh, k=2, length=2, dedup=False):
+def _decode(pair, method, mesh, k=2, length=2, dedup=False, rows=12, only=None, **spec_kw):
+  """A decode of `rows` random prompts (`only`: of those rows alone, same prompt ids)."""
   draft, target = pair
   rng = np.random.default_rng(5)
-  prompts = rng.integers(0, V, (12, 5)).astype(np.int32)
-  lengths = rng.integers(1, 6, 12)
+  prompts = rng.integers(0, V, (rows, 5)).astype(np.int32)
+  lengths = rng.integers(1, 6, rows)
+  ids = np.arange(rows) if only is None else np.asarray(only)
   k = 1 if method in ("sd", "block", "autoregressive") else k
-  spec = DecodeSpec(method=method, num_drafts=k, draft_len=length, max_new_tokens=8, dedup=dedup)
+  spec = DecodeSpec(
+    method=method, num_drafts=k, draft_len=length, max_new_tokens=8, dedup=dedup, **spec_kw
+  )
   return engine.generate(
     jax.random.key(4),
     spec,
     draft=draft,
     target=target,
-    prompts=prompts,
-    prompt_lengths=lengths,
+    prompts=prompts[ids],
+    prompt_lengths=lengths[ids],
+    prompt_ids=ids,
     mesh=mesh,
   )
 
@@ -242,6 +247,28 @@ def test_data_only_meshes_give_the_same_tokens(pair, method, shapes):
     out = _decode(pair, method, _mesh(*shape))
     np.testing.assert_array_equal(np.asarray(out.tokens_BxT), np.asarray(single.tokens_BxT))
     np.testing.assert_array_equal(np.asarray(out.stats.rounds_B), np.asarray(single.stats.rounds_B))
+
+
+@pytest.mark.slow
+def test_adaptive_rounds_on_a_data_mesh_give_the_tokens_of_one_device(pair):
+  """Adaptive draft length: each row's lengths are its own, so a data mesh (each shard
+  drafting up to its own rows' longest length) emits the tokens of one device; a tree
+  budget is shared by the rows of a shard (no communication within a round), so the
+  mesh emits what one device emits for each shard's rows decoded alone."""
+  single = _decode(pair, "kseq", None, k=3, length=3, adaptive=0.4)
+  out = _decode(pair, "kseq", _mesh(8, 1), k=3, length=3, adaptive=0.4)
+  np.testing.assert_array_equal(np.asarray(out.tokens_BxT), np.asarray(single.tokens_BxT))
+  np.testing.assert_array_equal(
+    np.asarray(out.stats.lengths_BxL1), np.asarray(single.stats.lengths_BxL1)
+  )
+  budget = dict(k=3, dedup=True, path_budget=2.0, rows=16)
+  out = _decode(pair, "rrs", _mesh(8, 1), **budget)
+  for shard in range(8):
+    rows = [2 * shard, 2 * shard + 1]
+    alone = _decode(pair, "rrs", None, only=rows, **budget)
+    np.testing.assert_array_equal(
+      np.asarray(out.tokens_BxT)[rows], np.asarray(alone.tokens_BxT), err_msg=f"shard {shard}"
+    )
 
 
 @pytest.mark.slow
