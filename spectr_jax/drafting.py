@@ -170,11 +170,12 @@ def budget_paths(drawn_p_BxJ, valid_BxJ, path_budget, live_B):
   1 - sum_{i<j} p(x_i) (the chance, were the target the draft, that the target's token
   is none of them). Ties go to the earlier candidate, then the earlier row.
 
-  Within a row the gains never increase with j (a running sum of non-negative terms), so
-  each row keeps a prefix of its candidates, and whether candidate j is kept depends
-  only on the candidates before it and on the other rows (drawn independently): the
-  number of children at the root is a stopping time of its draws, which recursive
-  rejection without replacement allows (`spectr_jax.verify.rrs`).
+  Within a row the gains never increase with j (a running sum of non-negative terms,
+  shifted), so each row keeps a prefix of its candidates (enforced: a cumulative
+  product), and whether candidate j is kept depends only on the candidates before it and
+  on the other rows (drawn independently): the number of children at the root is a
+  stopping time of its draws, which recursive rejection without replacement allows
+  (`spectr_jax.verify.rrs`; docs/ADAPTIVE.md).
 
   Args:
     drawn_p_BxJ: the draft probability of each candidate.
@@ -186,7 +187,10 @@ def budget_paths(drawn_p_BxJ, valid_BxJ, path_budget, live_B):
     keep_BxJ (bool).
   """
   b, j = drawn_p_BxJ.shape
-  gain_BxJ = 1.0 - (jnp.cumsum(drawn_p_BxJ, axis=1) - drawn_p_BxJ)
+  # The mass before j: the running sum shifted by one (non-decreasing by construction).
+  through_BxJ = jnp.cumsum(drawn_p_BxJ, axis=1)
+  before_BxJ = jnp.concatenate([jnp.zeros_like(through_BxJ[:, :1]), through_BxJ[:, :-1]], 1)
+  gain_BxJ = 1.0 - before_BxJ
   first_J = jnp.arange(j) == 0
   open_BxJ = valid_BxJ & live_B[:, None] & ~first_J
   gain_BxJ = jnp.where(open_BxJ, gain_BxJ, -jnp.inf)
@@ -195,7 +199,9 @@ def budget_paths(drawn_p_BxJ, valid_BxJ, path_budget, live_B):
   rank_BxJ = jnp.zeros(b * j, jnp.int32).at[order_X].set(jnp.arange(b * j)).reshape(b, j)
   live = jnp.sum(live_B).astype(jnp.int32)
   extra = jnp.floor(live.astype(jnp.float32) * path_budget).astype(jnp.int32) - live
-  return (first_J & valid_BxJ) | (open_BxJ & (rank_BxJ < extra))
+  chosen_BxJ = (first_J & valid_BxJ) | (open_BxJ & (rank_BxJ < extra))
+  # A prefix of each row's candidates by construction (the ranking already gives one).
+  return jnp.cumprod(chosen_BxJ.astype(jnp.int32), axis=1).astype(bool)
 
 
 def _children(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2, *, max_children: int,
