@@ -513,7 +513,7 @@ def without_replacement(
   for children in branching:
     levels.append((size, size // children))
     size //= children
-  budget = None if path_budget is None else (path_budget, live_B)
-  first = functools.partial(_children, max_children=branching[0], budget=budget)
+  budget = {} if path_budget is None else {"budget": (path_budget, live_B)}
+  first = functools.partial(_children, max_children=branching[0], **budget)
   draw = functools.partial(_children, max_children=max(branching[1:], default=1))
   return run(first, draw, levels)
