@@ -201,7 +201,7 @@ def main(argv):
   lens = [2] if small else sorted(int(x) for x in _LENS.value)
   thresholds = [0.3] if small else [float(x) for x in _THRESHOLDS.value]
   budgets = [1.5] if small else [float(x) for x in _BUDGETS.value]
-  num, max_new, batch = (8, 8, 4) if small else (_PROMPTS.value, _MAX_NEW.value, _BATCH.value)
+  num, max_new, batch = (4, 6, 2) if small else (_PROMPTS.value, _MAX_NEW.value, _BATCH.value)
   draft, target, heldout, what = load_pair(pathlib.Path(_WORKDIR.value), small)
   costs = metrics.CostTable.load(_COST_TABLE.value) if _COST_TABLE.value else None
   if costs is not None and costs.batch != batch:

@@ -28,20 +28,15 @@ CASES = (
 )
 
 
-def _position(method):
-  if method == "kseq":
-    return functools.partial(verify.kseq_position, rho_mode="star", rho_value=0.0)
-  return verify.sd_position
-
-
-def adaptive_walk(method, length_fn):
-  """A block-level verifier: the token-level walk of `method` up to length_fn(drafts, p,
-  q) positions."""
+def adaptive_walk(length_fn):
+  """A block-level verifier: K-SEQ's token-level walk up to length_fn(drafts, p, q)
+  positions."""
+  kseq = functools.partial(verify.kseq_position, rho_mode="star", rho_value=0.0)
 
   def run(key, drafts_KxL, p_KxLxV, q_KxL1xV):
     length = length_fn(drafts_KxL, p_KxLxV, q_KxL1xV)
     tokens, num, _ = verify.walk_positions(
-      lambda rep, t: _position(method), key, drafts_KxL, p_KxLxV, q_KxL1xV, length=length
+      lambda rep, t: kseq, key, drafts_KxL, p_KxLxV, q_KxL1xV, length=length
     )
     return BlockVerdict(tokens, num, jnp.zeros_like(tokens))
 
@@ -96,15 +91,11 @@ def test_the_length_counts_leading_positions_whose_prefix_before_them_is_likely(
   assert int(adaptive.confident_length(jnp.asarray(drafts), jnp.asarray(p), 0.5)) == 2
 
 
-def _drafts(method):
-  return dict(max_drafts=1) if method == "sd" else {}
-
-
-# K-SEQ in the fast tier; single-draft sampling with --runslow.
-@pytest.mark.parametrize("method", ["kseq", pytest.param("sd", marks=pytest.mark.slow)])
-def test_a_length_decided_before_each_position_keeps_the_law(method):
+# K-SEQ (the walk and the rule are the same for one draft; single-draft sampling's
+# adaptive rounds are the engine's broken-variant test below).
+def test_a_length_decided_before_each_position_keeps_the_law():
   stats._count += 1
-  report = _check(adaptive_walk(method, confident), alpha=stats.ALPHA, **_drafts(method))
+  report = _check(adaptive_walk(confident), alpha=stats.ALPHA)
   assert report.passed, report.markdown()
   assert all(r.tokens > 1.05 for r in report.rows), report.markdown()
 
@@ -115,7 +106,7 @@ def test_a_length_decided_before_each_position_keeps_the_law(method):
   ids=["own-token", "target-peek"],
 )
 def test_a_length_decided_from_the_position_itself_is_not_exact(rule):
-  report = _check(adaptive_walk("kseq", rule))
+  report = _check(adaptive_walk(rule))
   assert not report.passed, report.markdown()
   assert any(r.why.startswith("law") for r in report.failures), report.markdown()
 
@@ -176,15 +167,15 @@ def jax_numpy(tree):
 
 @pytest.mark.slow
 def test_the_engines_adaptive_rounds_keep_the_output_law(pair):
-  """K-SEQ, K = 3, L = 3 at threshold 0.6 through the engine: the target's law over 4
-  tokens; rounds verify 1, 2 and 3 positions and the target call takes each bucket."""
+  """K-SEQ, K = 3, L = 2 at threshold 0.6 through the engine: the target's law over 4
+  tokens; rounds verify 1 and 2 positions and the target call takes each bucket."""
   draft, target = pair
-  out = generate(draft, target, "kseq", 3, 3, 4, key=3, adaptive=0.6)
+  out = generate(draft, target, "kseq", 3, 2, 4, key=3, adaptive=0.6)
   law = exact_law(target, 4)
   stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, "kseq adaptive")
   lengths = np.asarray(out.stats.lengths_BxL1).sum(0)
-  assert lengths[0] == 0 and np.all(lengths[1:] > 0.02 * lengths.sum()), lengths
-  assert engine_pair.residual_share(out, 3) >= 0.2
+  assert lengths[0] == 0 and np.all(lengths[1:] > 0.05 * lengths.sum()), lengths
+  assert engine_pair.residual_share(out, 2) >= 0.2
 
 
 @pytest.mark.slow

@@ -233,15 +233,15 @@ def test_dedup_rounds_on_a_mesh_give_the_tokens_of_one_device(pair):
   # tests/test_tree_forward.py), CI each method's decode.
   [
     pytest.param(m, ((8, 1),), marks=pytest.mark.slow)
-    for m in ("kseq", "autoregressive", "sd", "rrs", "optimal", "gbv", "traversal")
+    for m in ("kseq", "autoregressive", "rrs", "optimal", "gbv", "traversal")
   ],
 )
 def test_data_only_meshes_give_the_same_tokens(pair, method, shapes):
   """Data-only meshes: the tokens and statistics of no mesh, bit for bit (on (8, 1); a
   (1, 1) mesh runs the same shard_map program). Each
-  row runs its own rounds, whatever the method: one of each kind (no drafts, one draft,
-  drafts without replacement, the optimal plan's data-dependent loops, the block level
-  on a path and on the tree)."""
+  row runs its own rounds, whatever the method: one of each kind (no drafts, K drafts
+  (one draft is the same program at K = 1), drafts without replacement, the optimal
+  plan's data-dependent loops, the block level on a path and on the tree)."""
   single = _decode(pair, method, None)
   for shape in shapes:
     out = _decode(pair, method, _mesh(*shape))
