@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv and runs lint plus the test suite on two pytest workers (pytest-xdist; a
-# test file stays on one worker, so its module fixtures are built once). Programs compile
+# test file stays on one worker, so its module fixtures are built once; the heaviest files
+# start first, in the order tests/conftest.py collects them). Programs compile
 # without most of XLA's optimisations (quick compiles), except in the tests marked
 # `numerics` (float32 at LLM vocabularies) or `execution_bound` (mostly running compiled
 # programs, e.g. the large-sample engine laws), which get XLA's default CPU build
@@ -12,4 +13,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check spectr_jax tests configs experiments scripts examples
 .venv/bin/ruff format --check spectr_jax tests configs experiments scripts examples
-.venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder "$@"

@@ -69,13 +69,37 @@ def _optimised(item):
   return _optimise_all or any(item.get_closest_marker(m) for m in OPTIMISED_MARKERS)
 
 
+# The heaviest files of the whole suite (`--runslow`), in seconds of test time from a
+# `--durations=0` run on this 2-core machine (docs/RESULTS.md, "The test suite"). They are
+# collected first, longest first, and scripts/test.sh keeps that order for its two workers
+# (`--no-loadscope-reorder`; xdist's default orders files by their number of tests, which
+# started the one-test files of the trained pair and the multi-process launches last, to
+# run alone at the end). Other files follow in collection order; a stale figure only
+# reorders.
+HEAVY_FILES = {
+  "test_engine.py": 287, "test_harness.py": 174, "test_engine_law.py": 151,
+  "test_multiprocess.py": 133, "test_wor.py": 133, "test_sharding.py": 133,
+  "test_verify.py": 115, "test_engine_trained.py": 107, "test_profile_round.py": 86,
+  "test_traversal.py": 86, "test_experiment.py": 78, "test_pretrained_pair.py": 73,
+  "test_draft_tree.py": 72, "test_optimal.py": 69, "test_engine_check.py": 67,
+  "test_adaptive.py": 52, "test_train.py": 49, "test_engine_memory.py": 48,
+  "test_distill.py": 47, "test_locks.py": 45, "test_models.py": 41,
+  "test_path_budget.py": 38,
+}  # fmt: skip
+
+
 def pytest_collection_modifyitems(config, items):
-  # Within each module the optimised tests run last (a stable sort keeps every other
-  # order), so a module switches the compile level at most once.
+  # The heaviest files first (HEAVY_FILES); within each module the optimised tests run
+  # last (a stable sort keeps every other order), so a module switches the compile level
+  # at most once.
   modules = {}
   for item in items:
     modules.setdefault(item.module, len(modules))
-  items.sort(key=lambda item: (modules[item.module], _optimised(item)))
+
+  def module_order(module):
+    return (-HEAVY_FILES.get(os.path.basename(module.__file__), 0), modules[module])
+
+  items.sort(key=lambda item: (module_order(item.module), _optimised(item)))
   if config.getoption("--runslow"):
     return
   skip_slow = pytest.mark.skip(reason="slow: run with --runslow")
