@@ -6,23 +6,24 @@ nothing). Row b of every configuration uses the same prompt and key (fold_in(key
 in batches of --batch rows, so each prompt is a paired unit. Two sections:
   - adaptive draft length: K-SEQ at K drafts, static draft lengths (--lens) and adaptive
     rounds (`DecodeSpec(adaptive=threshold)`, --thresholds) drafting up to the longest L;
-  - the batch's tree budget: recursive rejection without replacement on dedup rounds of
-    L = --budget_len, static K = 2..K paths per row, and K paths at most with the batch
-    sharing --budgets paths per row (`DecodeSpec(path_budget=...)`).
+  - the batch's tree budget: recursive rejection without replacement on dedup rounds,
+    static trees of K' = 2..K paths of L = --budget_len tokens and of K paths of L' < L
+    tokens, against the K x L tree with the batch sharing --budgets drafted nodes per row
+    (`DecodeSpec(node_budget=...)`).
 Per configuration: tokens per round (block efficiency), tokens per target position (the
 positions the engine computed: a batch's round drafts and scores up to its longest length,
-or its largest tree's compiled size), tokens per scored node (distinct prefixes), distinct
-paths, draft and target positions per round, and tokens per second projected with a
+or its largest tree's compiled size), tokens per scored node (distinct prefixes), scored
+nodes, draft and target positions per round, and tokens per second projected with a
 measured cost table (--cost_table, written by `scripts/bench_decode.py` at the same batch
 size with kseq:K:L for every L here; tails only: B x tokens / sum of the predicted rounds,
 each round costed at the draft calls and target positions it made,
 `metrics.CostTable.round_ms`). Then each adaptive configuration against static ones (the
-same L or K; the nearest in target positions or paths, i.e. equal compute; with costs,
+same L or K; the nearest in target positions or scored nodes, i.e. equal compute; with costs,
 the best projected one): ratios of sums with a paired percentile bootstrap over prompts
 (`report.paired_ratio`). Figures: docs/ADAPTIVE.md.
 
 Usage: python scripts/bench_adaptive.py [--workdir W] [--num_drafts 4] [--lens 1,2,4,8]
-         [--thresholds 0.1,0.3] [--budgets 1.5,2] [--budget_len 4] [--prompts 64]
+         [--thresholds 0.1,0.3] [--budgets 4,8] [--budget_len 4] [--prompts 64]
          [--batch 4] [--max_new_tokens 64] [--cost_table PATH] [--small]
 """
 
@@ -48,7 +49,7 @@ _THRESHOLDS = flags.DEFINE_list(
   "thresholds", ["0.05", "0.1", "0.2", "0.3", "0.5"], "Adaptive thresholds.", flag_values=FLAGS
 )
 _BUDGETS = flags.DEFINE_list(
-  "budgets", ["1.5", "2", "2.5", "3"], "Paths per row shared by the batch.", flag_values=FLAGS
+  "budgets", ["4", "6", "8", "10"], "Nodes per row shared by the batch.", flag_values=FLAGS
 )
 _BUDGET_LEN = flags.DEFINE_integer("budget_len", 4, "L of the tree budget runs.", flag_values=FLAGS)
 _PROMPTS = flags.DEFINE_integer("prompts", 64, "Held-out prompts.", flag_values=FLAGS)
@@ -90,9 +91,9 @@ def prompts_for(heldout, num, prompt_len, vocab):
 
 def decode(spec, draft, target, tokens, lengths, batch):
   """Per-row counts of every batch: emitted, rounds, draft calls, draft and target
-  positions, scored nodes, distinct paths (each summed over the row's rounds)."""
+  positions, scored nodes (each summed over the row's rounds)."""
   fields = ("emitted_B", "rounds_B", "draft_calls_B", "draft_positions_B", "positions_B",
-            "nodes_B", "paths_B")  # fmt: skip
+            "nodes_B")  # fmt: skip
   rows = {f: [] for f in fields}
   for start in range(0, len(tokens), batch):
     ids = np.arange(start, min(start + batch, len(tokens)))
@@ -126,7 +127,7 @@ def round_seconds(costs: metrics.CostTable | None, spec: DecodeSpec, counts) -> 
 def label(spec: DecodeSpec) -> str:
   text = f"{spec.method} K={spec.num_drafts} L={spec.draft_len}"
   text += f" adaptive {spec.adaptive:g}" if spec.adaptive else ""
-  return text + (f" budget {spec.path_budget:g}" if spec.path_budget else "")
+  return text + (f" budget {spec.node_budget:g}" if spec.node_budget else "")
 
 
 COLUMNS = [
@@ -134,7 +135,7 @@ COLUMNS = [
   ("tokens_per_round", "tokens / round", "{:.3f}"),
   ("tokens_per_position", "tokens / target position", "{:.4f}"),
   ("tokens_per_node", "tokens / scored node", "{:.4f}"),
-  ("paths", "paths / round", "{:.2f}"),
+  ("nodes", "scored nodes / round", "{:.2f}"),
   ("draft_positions", "draft positions / round", "{:.2f}"),
   ("target_positions", "target positions / round", "{:.2f}"),
   ("tokens_per_s", "projected tokens/s", "{:,.0f}"),
@@ -144,7 +145,7 @@ RATIOS = (
   ("tokens_per_round", "emitted", "rounds"),
   ("tokens_per_position", "emitted", "positions"),
   ("tokens_per_node", "emitted", "nodes"),
-  ("paths", "paths", "rounds"),
+  ("nodes", "nodes", "rounds"),
   ("draft_positions", "draft_positions", "rounds"),
 )
 
@@ -168,12 +169,12 @@ def measure(specs, draft, target, tokens, lengths, batch, costs):
 
 
 def paired(runs, against) -> str:
-  """Each adaptive run (a spec with adaptive or path_budget) against the static runs
+  """Each adaptive run (a spec with adaptive or node_budget) against the static runs
   `against(run, static runs)` names ({reason: run}): ratios with paired intervals."""
-  static = [r for r in runs if not (r[0].adaptive or r[0].path_budget)]
+  static = [r for r in runs if not (r[0].adaptive or r[0].node_budget)]
   entries = []
   for spec, counts, seconds, row in runs:
-    if not (spec.adaptive or spec.path_budget):
+    if not (spec.adaptive or spec.node_budget):
       continue
     names: dict[str, list[str]] = {}  # one entry per static configuration, its reasons
     bases = {}
@@ -200,7 +201,7 @@ def main(argv):
   k = 3 if small else _NUM_DRAFTS.value
   lens = [2] if small else sorted(int(x) for x in _LENS.value)
   thresholds = [0.3] if small else [float(x) for x in _THRESHOLDS.value]
-  budgets = [1.5] if small else [float(x) for x in _BUDGETS.value]
+  budgets = [3.0] if small else [float(x) for x in _BUDGETS.value]
   num, max_new, batch = (4, 6, 2) if small else (_PROMPTS.value, _MAX_NEW.value, _BATCH.value)
   draft, target, heldout, what = load_pair(pathlib.Path(_WORKDIR.value), small)
   costs = metrics.CostTable.load(_COST_TABLE.value) if _COST_TABLE.value else None
@@ -237,18 +238,19 @@ def main(argv):
   print(paired(runs, lengths_against))
 
   n = 2 if small else _BUDGET_LEN.value
-  print(f"\n## Tree budget shared by the batch (rrs, dedup rounds, L = {n}, up to K = {k})\n")
+  print(f"\n## Tree budget shared by the batch (rrs, dedup rounds, K = {k}, L = {n})\n")
   runs = measure(
     [spec(method="rrs", num_drafts=j, draft_len=n, dedup=True) for j in range(2, k + 1)]
-    + [spec(method="rrs", draft_len=n, dedup=True, path_budget=b) for b in budgets],
+    + [spec(method="rrs", draft_len=m, dedup=True) for m in range(1, n)]
+    + [spec(method="rrs", draft_len=n, dedup=True, node_budget=b) for b in budgets],
     draft, target, tokens, lengths, batch, None,
   )  # fmt: skip
   print(tables.markdown([r[3] for r in runs], COLUMNS))
 
   def budget_against(run, static):
     return {
-      "same K": static[-1],
-      "equal paths": min(static, key=lambda r: abs(r[3]["paths"] - run[3]["paths"])),
+      "same tree": static[k - 2],
+      "equal nodes": min(static, key=lambda r: abs(r[3]["nodes"] - run[3]["nodes"])),
     }
 
   print(f"\nPaired over {num} prompts (ratios of sums, 95% intervals):\n")

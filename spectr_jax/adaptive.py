@@ -30,11 +30,23 @@ which never passes the rule and is never read by the walk.
 
 The length is the run of leading positions that pass (position 0 always does), so it is
 well defined by construction, whatever the rounding of the running sums.
+
+The batch's tree budget (`budget_nodes`, `DecodeSpec(node_budget=n)`) is the same idea on
+a drafted tree, across rows: the default "wor" tree (K distinct first tokens, each path a
+chain) is drafted whole, then the live rows share floor(n x live rows) of its nodes, given
+greedily to the nodes the walk is likeliest to reach were the target the draft, and each
+path is verified up to the depth its kept nodes reach (`verify.walk_positions` and
+`traversal.verify_tree` with per-path lengths; the target scores only the kept nodes,
+`tree.from_paths`). Whether a node is kept depends on its ancestors, on the earlier first
+tokens and on nodes drafted independently of it, never on its own token or below it, so
+the number of children of every node is a stopping time of its draws, which recursive
+rejection without replacement and Traversal Verification allow (docs/ADAPTIVE.md).
 """
 
+import jax
 import jax.numpy as jnp
 
-__all__ = ["confident_length", "length_buckets"]
+__all__ = ["budget_nodes", "confident_length", "length_buckets"]
 
 
 def length_buckets(draft_len: int) -> tuple[int, ...]:
@@ -61,3 +73,67 @@ def confident_length(drafts_KxL, p_KxLxV, threshold) -> jnp.ndarray:
   passes_L = jnp.max(before_KxL, axis=0) >= jnp.log(jnp.float32(threshold))
   passes_L = passes_L.at[0].set(True)
   return jnp.sum(jnp.cumprod(passes_L.astype(jnp.int32))).astype(jnp.int32)
+
+
+def budget_nodes(drafts_BxKxL, p_BxKxLxV, node_budget, live_B) -> jnp.ndarray:
+  """The depth each path of the default "wor" tree verifies when the live rows share
+  floor(node_budget x live rows) of the round's drafted nodes (module docstring).
+
+  Node (k, t) of a row (path k's token at depth t + 1) is worth the chance the walk
+  reaches it were the target the draft:
+
+    reach(k, 0) = 1 - sum_{i < k} p(x_i,0)          (no earlier first token was taken)
+    reach(k, t) = p(x_k,0) prod_{1 <= s < t} p(x_k,s)   (t >= 1: its ancestors taken),
+
+  a running sum shifted by one and a running product shifted by one, so never the node's
+  own token; a running minimum along the path makes reach non-increasing from a node to
+  its child by construction. The nodes are ranked by (reach descending, depth, path,
+  row) and the first n kept: every live row keeps its first first token; a node's rank
+  counts only nodes worth more than it or tied and earlier, none of them at or below it
+  nor a later first token (worth at most its own, and ranked after on ties), so
+  whether it is kept never depends on its own token or its subtree. Kept nodes are closed
+  under parents and earlier first tokens (a cumulative product along each path and along
+  the first tokens; the ranking already gives it). The greedy that adds the frontier
+  node worth most, one at a time, keeps the same set, since reach never increases
+  towards the leaves.
+
+  Args:
+    drafts_BxKxL: the default tree's paths (K distinct first tokens; a path past the
+      draft's support repeats an earlier first token and is never kept).
+    p_BxKxLxV: the draft distributions the tokens were drawn from.
+    node_budget: drafted nodes per live row on average (float, may be traced; >= 1).
+    live_B: the rows that share the budget (finished rows keep their first node).
+
+  Returns:
+    length_BxK (int32): path k verifies its first length_BxK[b, k] tokens (0: not kept).
+  """
+  b, k, length = drafts_BxKxL.shape
+  drawn_BxKxL = jnp.take_along_axis(p_BxKxLxV, drafts_BxKxL[..., None], -1)[..., 0]
+  first_BxK = drafts_BxKxL[:, :, 0]
+  repeated_BxK = jnp.any(
+    (first_BxK[:, :, None] == first_BxK[:, None, :]) & jnp.tri(k, k, -1, bool), axis=-1
+  )
+  first_p_BxK = jnp.where(repeated_BxK, 0.0, drawn_BxKxL[:, :, 0])
+  # The mass before k: the running sum shifted by one (a running maximum keeps it
+  # non-decreasing whatever order the sum is computed in).
+  through_BxK = jax.lax.cummax(jnp.cumsum(first_p_BxK, axis=1), axis=1)
+  before_BxK = jnp.concatenate([jnp.zeros_like(through_BxK[:, :1]), through_BxK[:, :-1]], 1)
+  ancestors_BxKxL = jnp.cumprod(drawn_BxKxL, axis=2)
+  reach_BxKxL = jnp.concatenate([(1.0 - before_BxK)[..., None], ancestors_BxKxL[..., :-1]], 2)
+  reach_BxKxL = jax.lax.cummin(reach_BxKxL, axis=2)
+  index = jnp.meshgrid(jnp.arange(b), jnp.arange(k), jnp.arange(length), indexing="ij")
+  row_BxKxL, path_BxKxL, depth_BxKxL = index
+  first_node_BxKxL = (path_BxKxL == 0) & (depth_BxKxL == 0)
+  open_BxKxL = live_B[:, None, None] & ~repeated_BxK[..., None] & ~first_node_BxKxL
+  value_BxKxL = jnp.where(open_BxKxL, reach_BxKxL, -jnp.inf)
+  order_X = jnp.lexsort(
+    (row_BxKxL.ravel(), path_BxKxL.ravel(), depth_BxKxL.ravel(), -value_BxKxL.ravel())
+  )
+  rank_BxKxL = jnp.zeros(order_X.size, jnp.int32).at[order_X].set(jnp.arange(order_X.size))
+  live = jnp.sum(live_B).astype(jnp.int32)
+  extra = jnp.floor(live.astype(jnp.float32) * node_budget).astype(jnp.int32) - live
+  chosen_BxKxL = first_node_BxKxL | (open_BxKxL & (rank_BxKxL.reshape(b, k, length) < extra))
+  # Closed under parents and earlier first tokens by construction.
+  along_BxKxL = jnp.cumprod(chosen_BxKxL.astype(jnp.int32), axis=2)
+  firsts_BxK = jnp.cumprod(chosen_BxKxL[:, :, 0].astype(jnp.int32), axis=1)
+  return jnp.sum(along_BxKxL * firsts_BxK[..., None], axis=2).astype(jnp.int32)

@@ -549,15 +549,14 @@ class DecodeSpec(Schema):
       round drafts and verifies L positions). The same output law; token-level verifiers
       on tails only (not `dedup`, not a block-level method). Any value > 0 shares one
       program.
-    path_budget: the batch's tree budget, for a scheme that draws a tree ("wor") in its
-      default shape (K distinct first tokens, each path continuing alone): the live rows
-      (of each data shard, on a mesh) share floor(path_budget x live rows) draft paths
-      per round, at least one each and at
-      most K, given greedily where the first tokens drawn leave the most draft mass
-      uncovered (`drafting.budget_paths`); a row's other candidates copy its first path.
-      In [1, K]; 0 = off (K paths per row). With `dedup` the target scores only the
-      paths given (a row's tree has paths x L + 1 nodes; the compiled size is the
-      batch's largest). Any value >= 1 shares one program.
+    node_budget: the batch's tree budget, for a scheme that draws a tree ("wor") in its
+      default shape (K distinct first tokens, each path continuing alone) with `dedup`:
+      the tree is drafted whole, then the live rows (of each data shard, on a mesh)
+      share floor(node_budget x live rows) of its K L drafted nodes per round, at least
+      one each, given greedily to the nodes the walk is likeliest to reach were the
+      target the draft (`adaptive.budget_nodes`); each path is verified, and the target
+      scores it, to the depth its kept nodes reach (the compiled tree size is the
+      batch's largest). In [1, K L]; 0 = off. Any value >= 1 shares one program.
 
   `DecodeSpec.parse("kseq:8:4")` reads the benchmarks' short form.
   """
@@ -577,7 +576,7 @@ class DecodeSpec(Schema):
   dedup: bool = False
   layer_stack: str = "auto"
   adaptive: float = 0.0
-  path_budget: float = 0.0
+  node_budget: float = 0.0
 
   def __post_init__(self):
     record = methods.get(self.method)
@@ -586,7 +585,7 @@ class DecodeSpec(Schema):
     if not record.speculative:  # nothing drafted: one spec (and program) however named
       for name, value in (("num_drafts", 1), ("draft_len", 0), ("drafting", ""),
                           ("branching", ""), ("rho", "star"), ("dedup", False),
-                          ("adaptive", 0.0), ("path_budget", 0.0)):  # fmt: skip
+                          ("adaptive", 0.0), ("node_budget", 0.0)):  # fmt: skip
         set_(name, value)
     _integers("num_drafts", [self.num_drafts], 1)
     _integers("draft_len", [self.draft_len], 1 if record.speculative else 0)
@@ -637,27 +636,33 @@ class DecodeSpec(Schema):
     set_("top_p", float(self.top_p))
     set_("dedup", self.dedup and self.draft_len > 0)
     self._check_adaptive(record)
-    self._check_path_budget(scheme)
+    self._check_node_budget(scheme)
 
-  def _check_path_budget(self, scheme: "methods.Drafting | None") -> None:
-    if not (isinstance(self.path_budget, numbers.Real) and (
-        self.path_budget == 0 or 1 <= self.path_budget <= self.num_drafts)):  # fmt: skip
+  def _check_node_budget(self, scheme: "methods.Drafting | None") -> None:
+    nodes = self.num_drafts * self.draft_len
+    if not (isinstance(self.node_budget, numbers.Real) and (
+        self.node_budget == 0 or 1 <= self.node_budget <= nodes)):  # fmt: skip
       raise ValueError(
-        f"path_budget must lie in [1, K = {self.num_drafts}], or be 0 for off, got "
-        f"{self.path_budget!r}"
+        f"node_budget must lie in [1, K L = {nodes}], or be 0 for off, got "
+        f"{self.node_budget!r}"
       )
-    object.__setattr__(self, "path_budget", float(self.path_budget))
-    if self.path_budget == 0:
+    object.__setattr__(self, "node_budget", float(self.node_budget))
+    if self.node_budget == 0:
       return
     if scheme is None or not scheme.branches or self.branching != "":
       raise ValueError(
-        "path_budget shares draft paths of a tree drafting scheme in its default shape "
+        "node_budget shares the nodes of a tree drafting scheme in its default shape "
         f"(drafting 'wor' with branching ''): method {self.method!r} draws "
         f"{'no tree' if scheme is None or not scheme.branches else 'a tree'}"
         f"{f' of branching {self.branching!r}' if self.branching != '' else ''}"
       )
+    if not self.dedup:
+      raise ValueError(
+        "node_budget needs dedup: the target scores the kept nodes of the round's tree "
+        "(tails would score every path's L + 1 positions whatever it keeps)"
+      )
     if self.adaptive:
-      raise ValueError("path_budget and adaptive are not combined: choose one")
+      raise ValueError("node_budget and adaptive are not combined: choose one")
 
   def _check_adaptive(self, record: "methods.Method") -> None:
     if not (isinstance(self.adaptive, numbers.Real) and 0 <= self.adaptive <= 1):
@@ -787,9 +792,9 @@ class DecodeSettings(Schema):
     adaptive: adaptive draft length's threshold for every speculative cell
       (`DecodeSpec.adaptive`; 0 = off): L is then each round's longest length. A sweep's
       speculative methods must be token-level.
-    path_budget: the batch's tree budget of every cell with drafts (`DecodeSpec.
-      path_budget`; 0 = off): paths per row on average, at most each cell's K. A
-      sweep's methods must draw trees ("wor").
+    node_budget: the batch's tree budget of every cell with drafts (`DecodeSpec.
+      node_budget`; 0 = off): drafted nodes per row on average, at most each cell's
+      K L. A sweep's methods must draw trees ("wor"), with dedup.
 
   A field added after results were first stored carries `KEY_WHEN_SET` in its metadata:
   a cell's record (and so its key) holds it only where it differs from its default, so
@@ -809,7 +814,7 @@ class DecodeSettings(Schema):
   layer_stack: str = dataclasses.field(default="auto", metadata={KEY_WHEN_SET: True})
   drafting: str = dataclasses.field(default="", metadata={KEY_WHEN_SET: True})
   adaptive: float = dataclasses.field(default=0.0, metadata={KEY_WHEN_SET: True})
-  path_budget: float = dataclasses.field(default=0.0, metadata={KEY_WHEN_SET: True})
+  node_budget: float = dataclasses.field(default=0.0, metadata={KEY_WHEN_SET: True})
 
   def __post_init__(self):
     _integers("num_prompts", [self.num_prompts], 1)
@@ -826,10 +831,10 @@ class DecodeSettings(Schema):
     DecodeSpec(method="autoregressive", **self._shared())
     DecodeSpec(method="sd", adaptive=self.adaptive)
     object.__setattr__(self, "adaptive", float(self.adaptive))
-    if not (isinstance(self.path_budget, numbers.Real) and (
-        self.path_budget == 0 or self.path_budget >= 1)):  # fmt: skip
-      raise ValueError(f"path_budget must be >= 1, or 0 for off, got {self.path_budget!r}")
-    object.__setattr__(self, "path_budget", float(self.path_budget))
+    if not (isinstance(self.node_budget, numbers.Real) and (
+        self.node_budget == 0 or self.node_budget >= 1)):  # fmt: skip
+      raise ValueError(f"node_budget must be >= 1, or 0 for off, got {self.node_budget!r}")
+    object.__setattr__(self, "node_budget", float(self.node_budget))
     # Normalise the types, so equal settings hash (and key cells) equally.
     object.__setattr__(self, "temperature", float(self.temperature))
     object.__setattr__(self, "top_k", int(self.top_k))
@@ -875,7 +880,7 @@ class DecodeSettings(Schema):
       eos_ids=tuple(eos_ids) if self.stop_at_eos else (),
       dedup=self.dedup,
       adaptive=self.adaptive,
-      path_budget=self.path_budget,
+      node_budget=self.node_budget,
       **self._shared(),
     )
 

@@ -162,50 +162,7 @@ def _iid(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2):
   return sample_BxK(key_BxK, p_BxKxV), source_BxK, block_BxKx2
 
 
-def budget_paths(drawn_p_BxJ, valid_BxJ, path_budget, live_B):
-  """Which of each row's J candidate first tokens (drawn without replacement, in order)
-  become paths when the batch's live rows share floor(path_budget x live rows) paths: every
-  live row keeps its first candidate; the others go greedily to the largest marginal
-  gains, candidate j's gain the row's draft mass its candidates before j leave uncovered,
-  1 - sum_{i<j} p(x_i) (the chance, were the target the draft, that the target's token
-  is none of them). Ties go to the earlier candidate, then the earlier row.
-
-  Within a row the gains never increase with j (a running sum of non-negative terms,
-  shifted), so each row keeps a prefix of its candidates (enforced: a cumulative
-  product), and whether candidate j is kept depends only on the candidates before it and
-  on the other rows (drawn independently): the number of children at the root is a
-  stopping time of its draws, which recursive rejection without replacement allows
-  (`spectr_jax.verify.rrs`; docs/ADAPTIVE.md).
-
-  Args:
-    drawn_p_BxJ: the draft probability of each candidate.
-    valid_BxJ: candidates within the draft's support (`distinct_tokens`).
-    path_budget: paths per live row on average (float, may be traced; at least 1).
-    live_B: the rows that share the budget (finished rows keep one path).
-
-  Returns:
-    keep_BxJ (bool).
-  """
-  b, j = drawn_p_BxJ.shape
-  # The mass before j: the running sum shifted by one (non-decreasing by construction).
-  through_BxJ = jnp.cumsum(drawn_p_BxJ, axis=1)
-  before_BxJ = jnp.concatenate([jnp.zeros_like(through_BxJ[:, :1]), through_BxJ[:, :-1]], 1)
-  gain_BxJ = 1.0 - before_BxJ
-  first_J = jnp.arange(j) == 0
-  open_BxJ = valid_BxJ & live_B[:, None] & ~first_J
-  gain_BxJ = jnp.where(open_BxJ, gain_BxJ, -jnp.inf)
-  row_BxJ, child_BxJ = jnp.meshgrid(jnp.arange(b), jnp.arange(j), indexing="ij")
-  order_X = jnp.lexsort((row_BxJ.ravel(), child_BxJ.ravel(), -gain_BxJ.ravel()))
-  rank_BxJ = jnp.zeros(b * j, jnp.int32).at[order_X].set(jnp.arange(b * j)).reshape(b, j)
-  live = jnp.sum(live_B).astype(jnp.int32)
-  extra = jnp.floor(live.astype(jnp.float32) * path_budget).astype(jnp.int32) - live
-  chosen_BxJ = (first_J & valid_BxJ) | (open_BxJ & (rank_BxJ < extra))
-  # A prefix of each row's candidates by construction (the ranking already gives one).
-  return jnp.cumprod(chosen_BxJ.astype(jnp.int32), axis=1).astype(bool)
-
-
-def _children(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2, *, max_children: int,
-              budget=None):  # fmt: skip
+def _children(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2, *, max_children: int):
   """One depth of a static tree: every node draws its children without replacement.
 
   A node is a block of `size` consecutive tails that share their prefix (level = (size,
@@ -216,8 +173,6 @@ def _children(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2, *, max_children:
   (invalid) copies child 0: its tails take as source the tail at the same offset in
   child 0's block. Where the level is static (the first depth) each node draws once;
   after, each tail draws its node's first `max_children` children and keeps its own.
-  With `budget` (path_budget, live_B; the first depth of the default tree only) the
-  root's children beyond those `budget_paths` keeps count as invalid: they copy child 0.
   """
   size, child_size = level
   k = key_BxK.shape[1]
@@ -228,13 +183,6 @@ def _children(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2, *, max_children:
   x_BxNxJ, valid_BxNxJ = jax.vmap(jax.vmap(distinct_tokens))(
     key_BxK[:, draw_NxJ], p_BxKxV[:, first_N]
   )
-  if budget is not None:
-    if x_BxNxJ.shape[1] != 1:
-      raise ValueError("a path budget shares the root's children: the default tree only")
-    drawn_p_BxJ = jnp.take_along_axis(p_BxKxV[:, 0], x_BxNxJ[:, 0], -1)
-    valid_BxNxJ = budget_paths(drawn_p_BxJ, valid_BxNxJ[:, 0], *budget)[:, None]
-    # A child left out copies child 0 from its first token on (its tokens, p and keys).
-    x_BxNxJ = jnp.where(valid_BxNxJ, x_BxNxJ, x_BxNxJ[..., :1])
   node_K = tail_K // size if static else tail_K
   child_K = tail_K % size // child_size
   x_BxK, valid_BxK = x_BxNxJ[:, node_K, child_K], valid_BxNxJ[:, node_K, child_K]
@@ -464,8 +412,6 @@ def without_replacement(
   branching: tuple[int, ...] | None = None,
   take_tails: Callable | None = None,
   threshold: jax.Array | None = None,
-  path_budget: jax.Array | None = None,
-  live_B: jax.Array | None = None,
 ) -> Drafts:
   """A static tree of K paths per row: at depth t every node has branching[t] children,
   drawn without replacement from the draft (`distinct_tokens`, the law of Gumbel-top-k).
@@ -493,14 +439,10 @@ def without_replacement(
     take_tails: the decoder's `take_tails`, to compute each shared prefix once (module
       docstring), or None for K tails throughout.
     threshold: as in `iid`.
-    path_budget, live_B: the batch's tree budget (`budget_paths`: paths per live row on
-      average, and the live rows), default branching only; None: K paths per row.
 
   Returns:
     `Drafts`.
   """
-  if path_budget is not None and branching not in (None, default_branching(num_drafts, draft_len)):
-    raise ValueError(f"a path budget shares the default tree's paths, not branching {branching}")
   branching = default_branching(num_drafts, draft_len) if branching is None else branching
   check_branching(branching, num_drafts, draft_len)
   run = functools.partial(_paths, extend=extend, params=params, cache=cache,
@@ -513,7 +455,6 @@ def without_replacement(
   for children in branching:
     levels.append((size, size // children))
     size //= children
-  budget = {} if path_budget is None else {"budget": (path_budget, live_B)}
-  first = functools.partial(_children, max_children=branching[0], **budget)
+  first = functools.partial(_children, max_children=branching[0])
   draw = functools.partial(_children, max_children=max(branching[1:], default=1))
   return run(first, draw, levels)

@@ -183,7 +183,7 @@ def generate(
     spec: what to decode (`config.DecodeSpec`: the verifier, drafting scheme, tree
       shape, K, L, rho, sampling, stop tokens, token counts, layer stack, adaptive
       speculation). Specs that differ only in temperature > 0, top_p < 1, rho's number,
-      token_limit, adaptive > 0 or path_budget >= 1 share one compiled program.
+      token_limit, adaptive > 0 or node_budget >= 1 share one compiled program.
     draft: the draft model bundle (None for "autoregressive").
     target: the target model bundle. Both are decoded as `ModelBundle.for_decoding`
       holds them (weights in the compute dtype, layers stacked or split as
@@ -245,7 +245,7 @@ def round_spec(
     scan_layers=spec.scan_layers,
     drafting=spec.drafting,
     adaptive=spec.adaptive > 0,
-    path_budget=spec.path_budget > 0,
+    node_budget=spec.node_budget > 0,
   )
 
 
@@ -258,7 +258,7 @@ def traced_values(spec: DecodeSpec) -> Traced:
     eos_ids=jnp.asarray(spec.eos_ids or (-1,), jnp.int32),
     token_limit=jnp.int32(spec.token_limit or spec.max_new_tokens),
     threshold=jnp.float32(spec.adaptive),
-    path_budget=jnp.float32(spec.path_budget),
+    node_budget=jnp.float32(spec.node_budget),
   )
 
 

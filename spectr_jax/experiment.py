@@ -119,7 +119,7 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
       config.decoding,
       dedup=config.decoding.dedup and draft_len > 0,
       adaptive=config.decoding.adaptive if draft_len else 0.0,
-      path_budget=config.decoding.path_budget if draft_len else 0.0,
+      node_budget=config.decoding.node_budget if draft_len else 0.0,
       branching=config.decoding.branching if scheme and scheme.branches and draft_len else "",
       drafting=""
       if not draft_len or config.decoding.drafting == methods.get(method).drafting
@@ -149,7 +149,7 @@ def _stats_record(stats_list: Sequence[engine.DecodeStats], rows: Sequence[int])
     "target_positions": stats.positions_B.tolist(),
     "draft_positions": stats.draft_positions_B.tolist(),
     "lengths": stats.lengths_BxL1.sum(0).tolist(),
-    "paths": stats.paths_B.tolist(),
+    "nodes": stats.nodes_B.tolist(),
     "tokens_per_round": stats.tokens_per_round_BxL2.sum(0).tolist(),
     "reached": stats.reached_BxL1.sum(0).tolist(),
     "hits": stats.hits_BxL1.sum(0).tolist(),

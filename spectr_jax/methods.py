@@ -182,6 +182,9 @@ class Method:
       drafts, (p_XxV, q_XxV, k[, rho]) -> [X] (methods with `takes_rho` get rho), or "".
     label: the name tables and plots print.
     compare_with: methods it is compared with cell by cell (paired gains in reports).
+    takes_length: a block-level verify function that takes length_K= (each path verified
+      up to its own length: a tree budget, `adaptive.budget_nodes`); token-level methods
+      all do (`verify.walk_positions`).
   """
 
   name: str
@@ -197,6 +200,7 @@ class Method:
   acceptance: str = ""
   label: str = ""
   compare_with: tuple[str, ...] = ()
+  takes_length: bool = False
 
   def __post_init__(self):
     if self.level not in LEVELS:
@@ -344,6 +348,7 @@ METHODS: dict[str, Method] = {
       drafting="wor",
       label="Traversal",
       compare_with=("rrs",),
+      takes_length=True,
     ),
   )
 }

@@ -54,8 +54,9 @@ class RoundSpec:
   # each row verifies its confident length, drafting stops at the batch's longest and the
   # target scores a bucket of lengths (`adaptive.length_buckets`).
   adaptive: bool = False
-  # The batch's tree budget (`drafting.budget_paths`; paths per row: `Traced.path_budget`).
-  path_budget: bool = False
+  # The batch's tree budget (`adaptive.budget_nodes`; nodes per row: `Traced.node_budget`):
+  # the default "wor" tree drafted whole, each path verified and scored to its kept depth.
+  node_budget: bool = False
 
   @property
   def scores_tree(self) -> bool:
@@ -105,11 +106,10 @@ class DecodeStats:
     two pending tokens, then L - 1 steps; with `tree`, the pending tokens once and a
     static tree's nodes once each: `drafting`; with `adaptive`, K (m + 1) for the
     batch's longest length m).
-  lengths_BxL1: histogram of the positions a round verified (index 1..L; every round at
-    L unless `adaptive`; index 0 for rounds without drafts).
-  paths_B: distinct draft paths verified, summed over rounds (K per round but for paths
-    that coincide: i.i.d. draws by chance, a tree's copies, those a `path_budget` left
-    out).
+  lengths_BxL1: histogram of the positions a round verified on its longest path (index
+    1..L; every round at L unless `adaptive` or `node_budget`; index 0 for rounds
+    without drafts). With `node_budget`, nodes_B - rounds_B counts the drafted nodes
+    verified (the budget spent).
   """
 
   rounds_B: jax.Array
@@ -128,7 +128,6 @@ class DecodeStats:
   positions_B: jax.Array
   draft_positions_B: jax.Array
   lengths_BxL1: jax.Array
-  paths_B: jax.Array
 
   @property
   def block_efficiency(self) -> jax.Array:
@@ -165,8 +164,8 @@ class Traced(NamedTuple):
   token_limit: jax.Array | int = 2**31 - 1
   # Adaptive draft length's threshold (float32; read only with RoundSpec.adaptive).
   threshold: jax.Array | float = 0.0
-  # Draft paths per live row (float32; read only with RoundSpec.path_budget).
-  path_budget: jax.Array | float = 0.0
+  # Drafted nodes per live row (float32; read only with RoundSpec.node_budget).
+  node_budget: jax.Array | float = 0.0
 
 
 def probs(spec: RoundSpec, logits_AxV, traced: Traced):
@@ -196,13 +195,12 @@ def draft(spec, params, cache, state, key_B, traced):
     take_tails=spec.draft.take_tails if spec.scores_tree else None,
     **({} if spec.branching is None else {"branching": spec.branching}),
     **({"threshold": traced.threshold} if spec.adaptive else {}),
-    **({"path_budget": traced.path_budget, "live_B": ~state.done_B} if spec.path_budget else {}),
   )
 
 
-def verify_rows(spec, key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced, length_B=None):
-  """Runs the block walk per row, of length_B[b] positions (default L): (tokens_BxL1,
-  num_B, verify.BlockStats)."""
+def verify_rows(spec, key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced, length_BxK=None):
+  """Runs the block walk per row, path k of row b verified to length_BxK[b, k] (default
+  L): (tokens_BxL1, num_B, verify.BlockStats)."""
   if spec.draft_len == 0:
     tokens_B = jax.vmap(sampling.categorical)(key_B, q_BxKxL1xV[:, 0, 0])
     zeros_Bx1 = jnp.zeros((key_B.shape[0], 1), bool)
@@ -214,10 +212,10 @@ def verify_rows(spec, key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced, length
   walk = functools.partial(
     verify.walk, rho_value=traced.rho_value, method=spec.method, rho_mode=spec.rho_mode
   )
-  if length_B is None:
+  if length_BxK is None:
     return jax.vmap(walk)(key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV)
   return jax.vmap(lambda *a: walk(*a[:-1], length=a[-1]))(
-    key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, length_B
+    key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, length_BxK
   )
 
 
@@ -241,13 +239,14 @@ class Scored(NamedTuple):
 
 
 def score(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Traced,
-          length_B=None) -> Scored:  # fmt: skip
-  """One target call on `[last, d_1..d_L]` of every tail, or on the nodes of their tree;
-  with length_B (adaptive) on `[last, d_1..d_m]`, m the smallest of
-  `adaptive.length_buckets` >= every row's length (one compiled call per bucket, under a
-  data-dependent conditional; q after m is never read)."""
+          length_BxK=None) -> Scored:  # fmt: skip
+  """One target call on `[last, d_1..d_L]` of every tail, or on the nodes of their tree
+  (each path's first length_BxK tokens); tails with length_BxK (adaptive) on
+  `[last, d_1..d_m]`, m the smallest of `adaptive.length_buckets` >= every path's length
+  (one compiled call per bucket, under a data-dependent conditional; q after m is never
+  read)."""
   if spec.scores_tree:
-    return _score_tree(spec, target_params, cache, last_B, drafts_BxKxL, traced)
+    return _score_tree(spec, target_params, cache, last_B, drafts_BxKxL, traced, length_BxK)
   b, k, length = drafts_BxKxL.shape
   last_BxKx1 = jnp.broadcast_to(last_B[:, None, None], (b, k, 1))
   tokens_BxKxL1 = jnp.concatenate([last_BxKx1, drafts_BxKxL], axis=2)
@@ -262,12 +261,12 @@ def score(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Tra
 
     return run
 
-  if length_B is None:
+  if length_BxK is None:
     logits_BxKxL1xV, cache = prefix(length)(cache)
     positions = jnp.int32(k * (length + 1))
   else:
     sizes = adaptive.length_buckets(length)
-    bucket = jnp.searchsorted(jnp.asarray(sizes), jnp.max(length_B))
+    bucket = jnp.searchsorted(jnp.asarray(sizes), jnp.max(length_BxK))
     logits_BxKxL1xV, cache = jax.lax.switch(bucket, [prefix(m) for m in sizes], cache)
     positions = k * (jnp.asarray(sizes, jnp.int32)[bucket] + 1)
   bad_B = sampling.nonfinite_rows(logits_BxKxL1xV)
@@ -275,13 +274,14 @@ def score(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Tra
   return Scored(probs(spec, logits_BxKxL1xV, traced), cache, bad_B, None, nodes_B, positions)
 
 
-def _score_tree(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Traced):
+def _score_tree(spec, target_params, cache: KVCache, last_B, drafts_BxKxL, traced: Traced,
+                length_BxK=None):  # fmt: skip
   """The target on each distinct prefix once: the tree's first n nodes, n the smallest
   of `tree.node_buckets` that holds every row's tree (one compiled target call per size,
   under the round's one data-dependent conditional); each path reads q from its nodes,
   so the verifiers see the tails' q. The mask and the probabilities are computed once,
   outside the branches (a prefix of the depth-major node table is a whole tree)."""
-  t = tree.from_paths(last_B, drafts_BxKxL)
+  t = tree.from_paths(last_B, drafts_BxKxL, length_BxK)
   capacity = t.tokens_BxN.shape[1]
   sizes = tree.node_buckets(spec.num_drafts, spec.draft_len)
   visible_BxNxN = ancestor_mask(t.parent_BxN)
@@ -329,18 +329,19 @@ def _emit(spec, state: State, tokens_BxL1, num_B, bad_B, traced) -> _Emitted:
 
 
 def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, path_node_BxKxL1,
-            tokens_BxL1, num_B, live_B, length_B):  # fmt: skip
+            tokens_BxL1, num_B, live_B, length_BxK):  # fmt: skip
   """Appends the accepted tokens of a surviving draft to both caches (any survivor: they
   agree on the emitted tokens; with a tree, the target's entries are the survivor's
   nodes): (target_cache, draft_cache, last_B, pending_Bx2, num_pending_B). A row whose
-  walk accepted all its length_B drafts keeps its last draft and the bonus pending (the
-  draft never fed its last draft)."""
+  walk accepted all the drafts its survivor verifies (length_BxK) keeps its last draft
+  and the bonus pending (the draft never fed its last draft)."""
   agree_BxK = jnp.all(
     (drafts_BxKxL == tokens_BxL1[:, None, : spec.draft_len])
     | (jnp.arange(spec.draft_len) >= num_B[:, None, None] - 1),
     axis=2,
   )
   tail_B = jnp.argmax(agree_BxK, axis=1)
+  length_B = jnp.take_along_axis(length_BxK, tail_B[:, None], 1)[:, 0]
   target_num_B = jnp.where(live_B, num_B, 0)
   if path_node_BxKxL1 is None:
     target_cache = spec.target.commit(target_cache, tail_B, target_num_B)
@@ -365,24 +366,14 @@ def _commit(spec, state: State, target_cache, draft_cache, drafts_BxKxL, path_no
   return target_cache, draft_cache, last_B, pending_Bx2, num_pending_B
 
 
-def _distinct_paths(drafts_BxKxL) -> jax.Array:
-  """Per row, the number of distinct paths among the K drafts (0 without drafts)."""
-  k = drafts_BxKxL.shape[1]
-  if drafts_BxKxL.shape[2] == 0:
-    return jnp.zeros(drafts_BxKxL.shape[0], jnp.int32)
-  same_BxKxK = jnp.all(drafts_BxKxL[:, :, None] == drafts_BxKxL[:, None], axis=-1)
-  repeated_BxK = jnp.any(same_BxKxK & jnp.tri(k, k, -1, bool), axis=-1)  # an earlier twin
-  return jnp.sum(~repeated_BxK, axis=1).astype(jnp.int32)
-
-
 def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, bad_B, draft_bad_B,
-           active_B, scored: Scored, draft_positions, length_B, drafts_BxKxL):  # fmt: skip
+           active_B, scored: Scored, draft_positions, draft_calls, length_B):  # fmt: skip
   """The statistics after a round (see `DecodeStats`)."""
   live_B, emit_B = emitted.live_B, emitted.emit_B
   counted_BxL1 = live_B[:, None] & (jnp.arange(spec.round_width) < emit_B[:, None])
   return DecodeStats(
     rounds_B=s.rounds_B + live_B,
-    draft_calls_B=s.draft_calls_B + live_B * jnp.max(length_B, initial=0),
+    draft_calls_B=s.draft_calls_B + live_B * draft_calls,
     emitted_B=s.emitted_B + emit_B,
     tokens_per_round_BxL2=s.tokens_per_round_BxL2
     + (live_B[:, None] & (jnp.arange(spec.round_width + 1) == emit_B[:, None])),
@@ -399,7 +390,6 @@ def _count(spec, s: DecodeStats, emitted: _Emitted, block: verify.BlockStats, ba
     draft_positions_B=s.draft_positions_B + jnp.where(live_B, draft_positions, 0),
     lengths_BxL1=s.lengths_BxL1
     + (live_B[:, None] & (jnp.arange(spec.round_width) == length_B[:, None])),
-    paths_B=s.paths_B + jnp.where(live_B, _distinct_paths(drafts_BxKxL), 0),
   )
 
 
@@ -429,29 +419,34 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
       drafts = draft(spec, draft_params, state.draft_cache, state, draft_key_B, traced)
     drafts_BxKxL, p_BxKxLxV, draft_cache = drafts.tokens_BxKxL, drafts.p_BxKxLxV, drafts.cache
     bad_B, draft_positions = drafts.nonfinite_B, drafts.positions
-    length_B = jnp.full((b,), spec.draft_len, jnp.int32)
+    length_BxK = jnp.full((b, k), spec.draft_len, jnp.int32)
     if spec.adaptive:
       length_B = jax.vmap(adaptive.confident_length, (0, 0, None))(
         drafts_BxKxL, p_BxKxLxV, traced.threshold
       )
+      length_BxK = jnp.broadcast_to(length_B[:, None], (b, k))
+    if spec.node_budget:
+      length_BxK = adaptive.budget_nodes(drafts_BxKxL, p_BxKxLxV, traced.node_budget, active_B)
+    # The draft ran to the batch's longest length (adaptive) or to L.
+    draft_calls = jnp.max(length_BxK) if spec.adaptive else spec.draft_len
   else:
     drafts_BxKxL = jnp.zeros((b, k, 0), jnp.int32)
     p_BxKxLxV, draft_cache, bad_B = None, state.draft_cache, jnp.zeros((b,), bool)
-    draft_positions = jnp.int32(0)
-    length_B = jnp.zeros((b,), jnp.int32)
+    draft_positions = draft_calls = jnp.int32(0)
+    length_BxK = jnp.zeros((b, k), jnp.int32)
+  # Per-path lengths where a round verifies fewer than L positions.
+  lengths = length_BxK if spec.adaptive or spec.node_budget else None
   with jax.named_scope("score"):
     scored = score(
-      spec, target_params, state.target_cache, state.last_B, drafts_BxKxL, traced,
-      length_B if spec.adaptive else None,
-    )  # fmt: skip
+      spec, target_params, state.target_cache, state.last_B, drafts_BxKxL, traced, lengths
+    )
     q_BxKxL1xV, target_cache, target_bad_B = scored.q_BxKxL1xV, scored.cache, scored.nonfinite_B
   draft_bad_B = bad_B
   bad_B |= target_bad_B
   with jax.named_scope("verify"):
     tokens_BxL1, num_B, block = verify_rows(
-      spec, verify_key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced,
-      length_B if spec.adaptive else None,
-    )  # fmt: skip
+      spec, verify_key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced, lengths
+    )
   with jax.named_scope("commit"):
     emitted = _emit(spec, state, tokens_BxL1, num_B, bad_B, traced)
     out_BxW = jax.vmap(lambda out, new, at: jax.lax.dynamic_update_slice(out, new, (at,)))(
@@ -470,12 +465,12 @@ def run_round(spec, draft_params, target_params, row_key_B, state: State, traced
       tokens_BxL1,
       num_B,
       emitted.live_B,
-      length_B,
+      length_BxK,
     )
   with jax.named_scope("stats"):
     stats = _count(
       spec, state.stats, emitted, block, bad_B, draft_bad_B, active_B, scored, draft_positions,
-      length_B, drafts_BxKxL,
+      draft_calls, jnp.max(length_BxK, axis=1),
     )  # fmt: skip
   return State(
     rounds_B=state.rounds_B + active_B,
@@ -539,6 +534,5 @@ def init_state(spec, draft_params, target_params, prompts_BxP, lengths_B) -> Sta
       positions_B=zeros_B,
       draft_positions_B=zeros_B,
       lengths_BxL1=zeros_BxL1,
-      paths_B=zeros_B,
     ),
   )

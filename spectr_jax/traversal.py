@@ -21,7 +21,9 @@ Q. A rejected node u.x is deleted and updates its parent u, with a = w(u):
   w(u) <- S / (S + 1 - a),               P_u <- P_u with x removed, renormalised,
 
 and the weights below u are recomputed; the next node tested is the first leaf of u's
-next child's subtree, or u itself when it has no child left. On a chain (K = 1) this is
+next child's subtree, or u itself when it has no child left. Under a tree budget
+(`length_K`) path k ends at depth length_K[k]: its leaf is tested first, and a path
+holding no token adds no node. On a chain (K = 1) this is
 block verification ("block", `spectr_jax.block`) with the same draws; at L = 1 it is
 recursive rejection without replacement ("rrs"). The output is the target's sequence
 law (tests/test_traversal.py checks it by exact enumeration over every tree the
@@ -81,27 +83,37 @@ def _weights(state: _State, drafts_KxL, p_KxLxV, q_KxL1xV, start) -> jax.Array:
   return weight_L1
 
 
-def verify_tree(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockVerdict:
+def verify_tree(key, drafts_KxL, p_KxLxV, q_KxL1xV, length_K=None) -> BlockVerdict:
   """Traversal Verification of the draft tree of K paths of length L (module docstring).
 
   Args:
     key: PRNG key.
     drafts_KxL: int draft tokens: the paths of a "wor" tree, in post-order.
     p_KxLxV: draft distributions. q_KxL1xV: target distributions (`verify.verify_block`).
+    length_K: path k holds only its first length_K[k] tokens (a tree budget on the
+      default tree, `adaptive.budget_nodes`: its leaf is at that depth; 0: no node).
+      None: L.
 
   Returns:
     The `BlockVerdict`: the accepted node's prefix, then the bonus token.
   """
   num_drafts, draft_len = drafts_KxL.shape
+  length_K = jnp.full((num_drafts,), draft_len) if length_K is None else length_K
+  length_K = jnp.asarray(length_K, jnp.int32)
   _, stop_key, residual_key = jax.random.split(key, 3)  # the keys of "block"
   eta_KxL1 = jax.random.uniform(stop_key, (num_drafts, draft_len + 1))
+  held_KxL = jnp.arange(draft_len) < length_K[:, None]
   equal_KxKxL = drafts_KxL[:, None, :] == drafts_KxL[None, :, :]
-  # same_KxKxL1[i, j, t]: paths i and j share their first t tokens (one node at depth t).
+  equal_KxKxL &= held_KxL[:, None, :] & held_KxL[None, :, :]
+  # same_KxKxL1[i, j, t]: paths i and j hold and share their first t tokens (one node at
+  # depth t).
   same_KxKxL1 = jnp.concatenate(
     [jnp.ones((num_drafts, num_drafts, 1), bool), jnp.cumprod(equal_KxKxL, axis=-1) > 0], -1
   )
   index_K = jnp.arange(num_drafts)
-  new_K = jnp.argmax(same_KxKxL1[:, :, draft_len], axis=1) == index_K  # not a copy
+  # Not a copy: no earlier path holds all of its tokens (and it holds one).
+  first_K = jnp.argmax(same_KxKxL1[index_K, :, length_K], axis=1)
+  new_K = (first_K == index_K) & (length_K > 0)
   later_KxK = new_K[None, :] & (index_K[None, :] > index_K[:, None])
   next_K = jnp.where(jnp.any(later_KxK, axis=1), jnp.argmax(later_KxK, axis=1), num_drafts)
   # The depth of the node where the next path branches off (its parent's depth).
@@ -109,7 +121,7 @@ def verify_tree(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockVerdict:
   zeros_LxV = jnp.zeros(p_KxLxV.shape[1:], p_KxLxV.dtype)
   init = _State(
     path=jnp.int32(0),
-    depth=jnp.int32(draft_len),
+    depth=length_K[0],
     done=jnp.bool_(False),
     weight_L1=jnp.ones((draft_len + 1,), p_KxLxV.dtype),
     changed_L=jnp.zeros((draft_len,), bool),
@@ -148,7 +160,9 @@ def verify_tree(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockVerdict:
       draft_LxV=s.draft_LxV.at[parent].set(kept_V / jnp.where(mass > 0, mass, 1.0)),
     )
     switch = (next_K[s.path] < num_drafts) & (branch_K[s.path] == parent)
-    moved = rejected._replace(path=next_K[s.path], depth=jnp.int32(draft_len))
+    moved = rejected._replace(
+      path=next_K[s.path], depth=length_K[jnp.minimum(next_K[s.path], num_drafts - 1)]
+    )
     moved = moved._replace(weight_L1=_weights(moved, drafts_KxL, p_KxLxV, q_KxL1xV, parent + 1))
     following = jax.tree.map(lambda m, r: jnp.where(switch, m, r), moved, rejected)
     stay = s._replace(done=jnp.bool_(True))

@@ -49,38 +49,45 @@ def capacity(num_drafts: int, draft_len: int) -> int:
   return 1 + num_drafts * draft_len
 
 
-def from_paths(last_B: jax.Array, drafts_BxKxL: jax.Array) -> Tree:
+def from_paths(last_B: jax.Array, drafts_BxKxL: jax.Array, length_BxK=None) -> Tree:
   """Folds each row's K draft paths (after its last token) into their tree.
 
   Args:
     last_B: the last committed token of each row (the root).
     drafts_BxKxL: K draft paths of L tokens per row.
+    length_BxK: path k holds only its first length_BxK[b, k] tokens (a tree budget,
+      `adaptive.budget_nodes`); its slots below hold the root (never read). None: L.
 
   Returns:
     The `Tree` of every row (capacity N = 1 + K * L).
   """
-  return jax.vmap(_row_tree)(last_B, drafts_BxKxL)
+  b, k, length = drafts_BxKxL.shape
+  if length_BxK is None:
+    length_BxK = jnp.full((b, k), length, jnp.int32)
+  return jax.vmap(_row_tree)(last_B, drafts_BxKxL, length_BxK)
 
 
-def _row_tree(last: jax.Array, drafts_KxL: jax.Array) -> Tree:
+def _row_tree(last: jax.Array, drafts_KxL: jax.Array, length_K: jax.Array) -> Tree:
   k, length = drafts_KxL.shape
   n = capacity(k, length)
   drafts_LxK = drafts_KxL.T.astype(jnp.int32)
-  # same_LxKxK[d, i, j]: paths i and j agree on their first d + 1 tokens.
+  held_LxK = jnp.arange(length)[:, None] < length_K[None, :]
+  # same_LxKxK[d, i, j]: paths i and j both hold and agree on their first d + 1 tokens.
   equal_LxKxK = drafts_LxK[:, :, None] == drafts_LxK[:, None, :]
+  equal_LxKxK &= held_LxK[:, :, None] & held_LxK[:, None, :]
   same_LxKxK = jnp.cumsum(~equal_LxKxK, axis=0) == 0
   first_LxK = jnp.argmax(same_LxKxK, axis=2)  # the first path with the same prefix
-  new_LxK = first_LxK == jnp.arange(k)
+  new_LxK = (first_LxK == jnp.arange(k)) & held_LxK
   # New nodes numbered depth-major from 1 (node 0 is the root).
   id_LxK = jnp.cumsum(new_LxK.reshape(-1)).reshape(length, k)
-  node_LxK = jnp.take_along_axis(id_LxK, first_LxK, axis=1)
+  node_LxK = jnp.where(held_LxK, jnp.take_along_axis(id_LxK, first_LxK, axis=1), 0)
   parent_LxK = jnp.concatenate([jnp.zeros((1, k), node_LxK.dtype), node_LxK[:-1]], axis=0)
   slot_LxK = jnp.where(new_LxK, id_LxK, n)  # n: dropped (not a new node)
   depth_LxK = jnp.broadcast_to(jnp.arange(1, length + 1)[:, None], (length, k))
   tokens_N = jnp.zeros((n,), jnp.int32).at[0].set(last).at[slot_LxK].set(drafts_LxK, mode="drop")
   depth_N = jnp.zeros((n,), jnp.int32).at[slot_LxK].set(depth_LxK, mode="drop")
   parent_N = jnp.full((n,), -1, jnp.int32).at[slot_LxK].set(parent_LxK, mode="drop")
-  count_N = jnp.zeros((n,), jnp.int32).at[0].set(k).at[node_LxK].add(1)
+  count_N = jnp.zeros((n,), jnp.int32).at[0].set(k).at[node_LxK].add(held_LxK.astype(jnp.int32))
   path_node_KxL1 = jnp.concatenate([jnp.zeros((k, 1), jnp.int32), node_LxK.T], axis=1)
   return Tree(
     tokens_BxN=tokens_N,

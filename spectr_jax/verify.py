@@ -290,23 +290,28 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
     method: a speculative method of the registry (`spectr_jax.methods`).
     rho_mode: "star", "k" or "fixed" (see `acceptance.split_rho`; methods without a split
       factor never see it).
-    length: verify only positions t < length (`walk_positions`; token-level methods;
-      adaptive draft length, `spectr_jax.adaptive`); positions from length on are never
-      read (p there may be 0). None: L.
+    length: verify only positions t < length of each draft, a scalar or one per draft
+      [K] (`walk_positions`; adaptive speculation, `spectr_jax.adaptive`); positions
+      from a draft's length on are never read (p there may be 0). None: L. Block-level
+      methods take it where their record says `takes_length`.
 
   Returns:
     (tokens_L1, num_tokens, BlockStats), as `verify_block` with return_stats.
   """
   record = methods.get(method)
   if record.level == "block":
-    if length is not None:
+    if length is None:
+      return _block_walk(record.function(), key, drafts_KxL, p_KxLxV, q_KxL1xV)
+    if not record.takes_length:
       raise ValueError(f"method {method!r} verifies whole blocks: it takes no length")
-    return _block_walk(record.function(), key, drafts_KxL, p_KxLxV, q_KxL1xV)
+    verify_fn = functools.partial(record.function(), length_K=_per_draft(length, drafts_KxL))
+    return _block_walk(verify_fn, key, drafts_KxL, p_KxLxV, q_KxL1xV)
   # K-SEQ's rho* for the whole block, each position's read as its fixed split factor.
   if record.takes_rho and rho_mode == "star":
     rho_KxL = rho_star_KxL(drafts_KxL, p_KxLxV, q_KxL1xV)
     if length is not None:  # beyond the length p may be 0: its rho* is never used
-      rho_KxL = jnp.where(jnp.arange(drafts_KxL.shape[1]) < length, rho_KxL, 1.0)
+      held_KxL = jnp.arange(drafts_KxL.shape[1]) < _per_draft(length, drafts_KxL)[:, None]
+      rho_KxL = jnp.where(held_KxL, rho_KxL, 1.0)
 
     def verifier_at(rep, t_draft):
       return _position_function(method, "fixed", rho_KxL[rep, t_draft])
@@ -319,6 +324,11 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: s
   return walk_positions(verifier_at, key, drafts_KxL, p_KxLxV, q_KxL1xV, length)
 
 
+def _per_draft(length, drafts_KxL) -> jax.Array:
+  """A length (scalar or [K]) as one per draft, int32 [K]."""
+  return jnp.broadcast_to(jnp.asarray(length, jnp.int32), drafts_KxL.shape[:1])
+
+
 def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV, length=None):
   """The token-level walk of `walk` for any verify function: position t runs
   verifier_at(rep, t)(fold_in(key, t), drafts_K, p_V, q_V, valid_K) (-> `methods.Verdict`;
@@ -327,30 +337,31 @@ def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV, le
   is valid and the function draws the bonus from q. Used by the engine (through `walk`)
   and by `spectr_jax.testing.check_verifier` for functions outside the registry.
 
-  `length` (int scalar, may be traced; default L) verifies only positions t < length,
-  as if the drafts ended there: at t = length no draft is valid and the bonus comes from
-  q after `length` tokens (`spectr_jax.adaptive`: exact when `length` is decided from
-  the drafts position by position, each from the tokens before it).
+  `length` (int, a scalar or one per draft [K], may be traced; default L) verifies only
+  positions t < length of each draft, as if it ended there: a draft is valid at t only
+  within its length, and where no surviving draft is, the bonus comes from q after the
+  t tokens (`spectr_jax.adaptive`: exact when a draft's length at t is decided from the
+  tokens before t and from draws independent of its own).
 
   Returns:
     (tokens_L1, num_tokens, BlockStats).
   """
   num_drafts, draft_len = drafts_KxL.shape
-  length = draft_len if length is None else length
+  length_K = _per_draft(draft_len if length is None else length, drafts_KxL)
   # The position keys fold_in(key, t), drawn in one batched call before the loop.
   keys_L1 = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(draft_len + 1))
 
   def step(carry, t):
     live, alive_K = carry  # live: the walk reaches position t.
-    # Surviving drafts agree on all earlier tokens, so they share p and q at t.
-    rep = jnp.argmax(alive_K)
-    in_draft = t < length
+    # Surviving drafts agree on all earlier tokens, so they share p and q at t (p read
+    # from one whose length reaches t).
+    valid_K = alive_K & (t < length_K)
+    rep = jnp.argmax(jnp.where(jnp.any(valid_K), valid_K, alive_K))
     t_draft = jnp.minimum(t, draft_len - 1)
     q_V = q_KxL1xV[rep, t]
-    # At t = L no draft is valid and the verifier samples the bonus token from q.
-    p_V = jnp.where(in_draft, p_KxLxV[rep, t_draft], q_V)
+    # Past every survivor's length (at t = L always) the verifier draws the bonus from q.
+    p_V = jnp.where(jnp.any(valid_K), p_KxLxV[rep, t_draft], q_V)
     x_K = drafts_KxL[:, t_draft]
-    valid_K = alive_K & in_draft
     verdict = verifier_at(rep, t_draft)(keys_L1[t], x_K, p_V, q_V, valid_K)
     match_K = valid_K & (x_K == verdict.token)
     hit = jnp.any(match_K)

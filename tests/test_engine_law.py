@@ -31,7 +31,7 @@ _slow = pytest.mark.slow
 # position, bonus draws, rollback); L = 1 once, for its own cache path (one pending
 # token). K-SEQ at K = 3, L = 2 on i.i.d. tails runs in the toy scheme's test below (the
 # i.i.d. scheme under keys of its own), RRS on tails in the static (2, 2) tree's test, on
-# dedup rounds in two more and with a shared tree budget (tests/test_path_budget.py).
+# dedup rounds in two more and with a shared tree budget (tests/test_node_budget.py).
 # The other methods (specinfer, optimal, block, gbv_tp) take one of these paths; each has
 # its enumerated law in the harness and its sampled block law in its own tests
 # (tests/test_verify.py, test_block.py, test_gbv_tp.py).
@@ -112,8 +112,8 @@ def test_dedup_rounds_reject_a_commit_of_the_wrong_path(models, monkeypatch):
 
   real_tree = tree.from_paths
 
-  def remember(last_B, drafts_BxKxL):
-    t = real_tree(last_B, drafts_BxKxL)
+  def remember(last_B, drafts_BxKxL, length_BxK=None):
+    t = real_tree(last_B, drafts_BxKxL, length_BxK)
     first_path.slots = t.path_node_BxKxL1[:, 0]
     return t
 

@@ -521,7 +521,7 @@ def test_an_unknown_config_override_is_named():
     cwd=_REPO, capture_output=True, text=True,
   )  # fmt: skip
   assert out.returncode != 0
-  fields = "(adaptive, branching, dedup, drafting, layer_stack, max_new_tokens, num_prompts"
+  fields = "(adaptive, branching, dedup, drafting, layer_stack, max_new_tokens, node_budget"
   assert f"--config.decoding has no field 'foo' {fields}" in out.stderr
 
 

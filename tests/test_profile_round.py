@@ -181,14 +181,14 @@ def test_bench_adaptive_compares_adaptive_with_static_rounds_on_the_same_prompts
   bench_adaptive.FLAGS(["bench_adaptive.py", "--small"])
   bench_adaptive.main(["bench_adaptive.py"])
   out = capsys.readouterr().out
-  for config in ("kseq K=3 L=2", "kseq K=3 L=2 adaptive 0.3", "rrs K=2 L=2", "rrs K=3 L=2",
-                 "rrs K=3 L=2 budget 1.5"):  # fmt: skip
+  for config in ("kseq K=3 L=2", "kseq K=3 L=2 adaptive 0.3", "rrs K=2 L=2", "rrs K=3 L=1",
+                 "rrs K=3 L=2", "rrs K=3 L=2 budget 3"):  # fmt: skip
     assert f"| {config} |" in out
   for adaptive, static in (("kseq K=3 L=2 adaptive 0.3", "kseq K=3 L=2"),
-                           ("rrs K=3 L=2 budget 1.5", "rrs K=3 L=2")):  # fmt: skip
+                           ("rrs K=3 L=2 budget 3", "rrs K=3 L=2")):  # fmt: skip
     (row,) = [line for line in out.splitlines() if line.startswith(f"| {adaptive} | {static} (")]
     cells = [c.strip() for c in row.strip("|").split("|")]
-    for cell in cells[2:7]:  # tokens / round, / position, / node; paths, draft positions
+    for cell in cells[2:7]:  # tokens / round, / position, / node; nodes, draft positions
       ratio, lower, upper = map(
         float, cell.replace("[", "").replace("]", "").replace(",", "").split()
       )

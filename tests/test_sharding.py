@@ -261,7 +261,7 @@ def test_adaptive_rounds_on_a_data_mesh_give_the_tokens_of_one_device(pair):
   np.testing.assert_array_equal(
     np.asarray(out.stats.lengths_BxL1), np.asarray(single.stats.lengths_BxL1)
   )
-  budget = dict(k=3, dedup=True, path_budget=2.0, rows=16)
+  budget = dict(k=3, dedup=True, node_budget=3.0, rows=16)
   out = _decode(pair, "rrs", _mesh(8, 1), **budget)
   for shard in range(8):
     rows = [2 * shard, 2 * shard + 1]

@@ -167,7 +167,7 @@ def check_engine(
     alpha: the report's false-alarm budget (Bonferroni over its tests).
     pair: (draft, target) to use instead of `random_pair(vocab, seed)`.
     **settings: other `DecodeSpec` fields of the decode, e.g. adaptive=0.3 (adaptive
-      draft length) or dedup=True, path_budget=2.0 (the batch's tree budget, shared by
+      draft length) or dedup=True, node_budget=4.0 (the batch's tree budget, shared by
       the rows of each engine call of `chunk` rows).
 
   Returns:
