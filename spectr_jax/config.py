@@ -643,8 +643,7 @@ class DecodeSpec(Schema):
     if not (isinstance(self.node_budget, numbers.Real) and (
         self.node_budget == 0 or 1 <= self.node_budget <= nodes)):  # fmt: skip
       raise ValueError(
-        f"node_budget must lie in [1, K L = {nodes}], or be 0 for off, got "
-        f"{self.node_budget!r}"
+        f"node_budget must lie in [1, K L = {nodes}], or be 0 for off, got {self.node_budget!r}"
       )
     object.__setattr__(self, "node_budget", float(self.node_budget))
     if self.node_budget == 0:

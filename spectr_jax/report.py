@@ -178,11 +178,13 @@ _GAIN_COLUMNS = (
 
 def variant(cell: dict[str, Any]) -> str:
   """What a cell's label adds for a drafting scheme other than its method's default, its
-  drafts' tree shape, dedup scoring and adaptive draft length, e.g. " (wor, proportional,
-  dedup)" or " (adaptive 0.3)"; "" for static tails of the method's default drafts.
-  (Records store `DecodeSettings.dedup` as "tree".)"""
+  drafts' tree shape, dedup scoring, adaptive draft length and tree budget, e.g. " (wor,
+  proportional, dedup)", " (adaptive 0.3)" or " (dedup, node budget 8)"; "" for static
+  tails of the method's default drafts. (Records store `DecodeSettings.dedup` as
+  "tree".)"""
   parts = [cell.get("drafting", ""), cell.get("branching", "")] + ["dedup"] * bool(cell.get("tree"))
   parts += [f"adaptive {cell['adaptive']:g}"] if cell.get("adaptive") else []
+  parts += [f"node budget {cell['node_budget']:g}"] if cell.get("node_budget") else []
   parts = [p for p in parts if p]
   return f" ({', '.join(parts)})" if parts else ""
 
@@ -317,6 +319,7 @@ def summarize(
           "branching",
           "drafting",
           "adaptive",
+          "node_budget",
         ),  # fmt: skip
       ),
     }

@@ -188,6 +188,14 @@ def test_an_adaptive_cell_is_labelled_and_costed_by_its_own_rounds():
   assert row["predicted_speedup"] == pytest.approx(4.0 / (1 + 2.5 * 0.1))
 
 
+def test_a_budget_cell_is_labelled_and_compared_with_the_autoregressive_baseline():
+  base = _record("autoregressive", 1, 0, 0, [16, 16], [16, 16], 1.0)
+  budget = _record("rrs", 4, 4, 0, [16, 16], [4, 4], 2.0, dedup=True, node_budget=8.0)
+  rows = report.summarize([base, budget])
+  assert rows[1]["label"].endswith("(dedup, node budget 8)")
+  assert rows[1]["speedup"] == pytest.approx(0.5)
+
+
 def test_the_recommendation_is_the_exact_row_of_highest_predicted_speedup():
   rows = report.summarize(_records())
   line = report.recommendation(rows, None)
