@@ -111,8 +111,8 @@ def test_tree_scoring_gives_every_path_the_q_of_its_tail(models, shared, monkeyp
     return
   real = tree.from_paths
 
-  def first_path_only(last_B, drafts_BxKxL):
-    t = real(last_B, drafts_BxKxL)
+  def first_path_only(last_B, drafts_BxKxL, length_BxK=None):
+    t = real(last_B, drafts_BxKxL, length_BxK)
     first_BxKxL1 = jnp.broadcast_to(t.path_node_BxKxL1[:, :1], (b, k, length + 1))
     return t._replace(path_node_BxKxL1=first_BxKxL1)
 
