@@ -1,9 +1,10 @@
 """One process of the multi-process tests (started by `tests.multiprocess.launch`).
 
   python -m tests.multiprocess_worker CHECK [CHECK...] --out DIR [--kill-at-cell N]
-    [--compilation-cache DIR]
+    [--compilation-cache DIR] [--heartbeat-timeout SECONDS]
 
-joins the JAX distributed run (`sharding.maybe_initialize_distributed`) and runs the
+joins the JAX distributed run (`sharding.maybe_initialize_distributed`, with its default
+heartbeat timeout unless given) and runs the
 checks in order (with --compilation-cache, compiled programs persist there, so that a
 later launch skips compiling them); each writes what it saw under DIR, per process, for
 the test to compare:
@@ -152,8 +153,12 @@ def main():
   parser.add_argument("--out", type=pathlib.Path, required=True)
   parser.add_argument("--kill-at-cell", type=int, default=None)
   parser.add_argument("--compilation-cache", type=pathlib.Path, default=None)
+  parser.add_argument("--heartbeat-timeout", type=int, default=None)
   args = parser.parse_args()
-  sharding.maybe_initialize_distributed()
+  timeout = (
+    {} if args.heartbeat_timeout is None else {"heartbeat_timeout_s": args.heartbeat_timeout}
+  )
+  sharding.maybe_initialize_distributed(**timeout)
   if args.compilation_cache:
     sharding.enable_compilation_cache(args.compilation_cache)
   print(f"process {jax.process_index()} of {jax.process_count()}, {jax.device_count()} devices")
