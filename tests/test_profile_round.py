@@ -181,8 +181,8 @@ def test_bench_adaptive_compares_adaptive_with_static_rounds_on_the_same_prompts
   bench_adaptive.FLAGS(["bench_adaptive.py", "--small"])
   bench_adaptive.main(["bench_adaptive.py"])
   out = capsys.readouterr().out
-  for config in ("kseq K=3 L=2", "kseq K=3 L=2 adaptive 0.3", "rrs K=2 L=2", "rrs K=3 L=1",
-                 "rrs K=3 L=2", "rrs K=3 L=2 budget 3"):  # fmt: skip
+  for config in ("kseq K=3 L=2", "kseq K=3 L=2 adaptive 0.3", "rrs K=3 L=1", "rrs K=3 L=2",
+                 "rrs K=3 L=2 budget 3"):  # fmt: skip
     assert f"| {config} |" in out
   for adaptive, static in (("kseq K=3 L=2 adaptive 0.3", "kseq K=3 L=2"),
                            ("rrs K=3 L=2 budget 3", "rrs K=3 L=2")):  # fmt: skip
