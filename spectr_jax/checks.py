@@ -16,7 +16,8 @@ class NonFiniteError(ValueError):
 
 
 def is_concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
+  """Whether `x` has values to check (not a tracer, not a `jax.ShapeDtypeStruct`)."""
+  return not isinstance(x, jax.core.Tracer | jax.ShapeDtypeStruct)
 
 
 def distributions(**named) -> None:

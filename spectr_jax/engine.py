@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spectr_jax import acceptance, checks, methods, rounds, sharding
 from spectr_jax.config import DecodeSpec
-from spectr_jax.models import ModelBundle, ModelConfig, check_params
+from spectr_jax.models import ModelBundle, ModelConfig, check_params, placement
 from spectr_jax.rounds import DecodeStats, Traced
 from spectr_jax.sharding import DATA_AXIS
 
@@ -158,7 +158,15 @@ def _check_prompts(vocab_size, prompts, prompt_lengths, prompt_ids):
 
 
 def _pad_rows(pad: int, prompts_BxP, lengths_B, ids_B):
-  """Appends `pad` dummy rows (length 1) so the batch splits evenly over a mesh."""
+  """Appends `pad` dummy rows (length 1) so the batch splits evenly over a mesh (shapes
+  only for abstract rows)."""
+  if isinstance(prompts_BxP, jax.ShapeDtypeStruct):
+    b, width = prompts_BxP.shape
+    return (
+      jax.ShapeDtypeStruct((b + pad, width), jnp.int32),
+      jax.ShapeDtypeStruct((b + pad,), jnp.int32),
+      jax.ShapeDtypeStruct((b + pad,), jnp.int32),
+    )
   prompts_BxP = jnp.pad(prompts_BxP, ((0, pad), (0, 0)))
   return prompts_BxP, jnp.pad(lengths_B, (0, pad), constant_values=1), jnp.pad(ids_B, (0, pad))
 
@@ -201,6 +209,11 @@ def generate(
     `GenerateOutput(tokens_BxT, lengths_B, stats)`, T = `spec.max_new_tokens`.
   """
   program, args, b = _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh)
+  if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(args)):
+    raise ValueError(
+      "generate needs arrays on devices that run: got abstract parameters or a mesh of "
+      "compile-only devices (engine.lower builds the program for them)"
+    )
   out = program(*args)
   if mesh is not None:
     out = jax.tree.map(lambda x: x[:b], sharding.fetch(out))
@@ -263,7 +276,12 @@ def traced_values(spec: DecodeSpec) -> Traced:
 
 
 def _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh):
-  """Checks the inputs of `generate`; returns its program, the placed arguments and B."""
+  """Checks the inputs of `generate`; returns its program, the placed arguments and B.
+
+  Parameters given as `jax.ShapeDtypeStruct`s, or a mesh of compile-only devices
+  (`spectr_jax.targets`), make every argument abstract (shapes and placements: for
+  `lower`). Parameters go where `placement.decode_placement` says (sharded by the rules on
+  a mesh; on a TPU in the layouts its matmuls want)."""
   if not isinstance(spec, DecodeSpec):
     raise ValueError(
       f"spec must be a spectr_jax.DecodeSpec (e.g. DecodeSpec(method='kseq', num_drafts=4, "
@@ -283,23 +301,25 @@ def _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh
       f"the mesh needs a {DATA_AXIS!r} axis (sharding.make_mesh), got axes {mesh.axis_names}"
     )
   program_spec = round_spec(spec, None if draft is None else draft.config, target.config)
-  traced = traced_values(spec)
-  prompts = jnp.asarray(prompts, jnp.int32)
-  lengths = jnp.asarray(prompt_lengths, jnp.int32)
-  b = prompts.shape[0]
-  ids = jnp.arange(b, dtype=jnp.int32) if prompt_ids is None else jnp.asarray(prompt_ids, jnp.int32)
-  draft_params = None if draft is None else draft.params
-  target_params = target.params
+  b = np.shape(prompts)[0]
+  ids = jnp.arange(b, dtype=jnp.int32) if prompt_ids is None else prompt_ids
+  rows = tuple(
+    x if isinstance(x, jax.ShapeDtypeStruct) else jnp.asarray(x, jnp.int32)
+    for x in (ids, prompts, prompt_lengths)
+  )
+  args = [key, *rows, None if draft is None else draft.params, target.params, traced_values(spec)]
+  leaves = jax.tree.leaves(args)
+  if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves) or (
+    mesh is not None and sharding.is_compile_only(mesh)
+  ):
+    args = sharding.abstract(args)
+  for i, bundle in ((4, draft), (5, target)):
+    where = None if bundle is None else placement.decode_placement(bundle.config, args[i], mesh)
+    if where is not None:
+      args[i] = sharding.put(args[i], where)
   if mesh is not None:
-    axes = program_spec.target.param_axes(target_params)
-    target_params = sharding.shard_params(target_params, mesh, axes=axes)
-    if draft_params is not None:
-      axes = program_spec.draft.param_axes(draft_params)
-      draft_params = sharding.shard_params(draft_params, mesh, axes=axes)
-    rows = _pad_rows(-b % mesh.shape[DATA_AXIS], prompts, lengths, ids)
-    ids, prompts, lengths = sharding.put(
-      (rows[2], rows[0], rows[1]), NamedSharding(mesh, PartitionSpec(DATA_AXIS))
-    )
-    key, traced = sharding.put((key, traced), NamedSharding(mesh, PartitionSpec()))
-  args = (key, ids, prompts, lengths, draft_params, target_params, traced)
-  return compiled_program(program_spec, mesh), args, b
+    prompts, lengths, ids = _pad_rows(-b % mesh.shape[DATA_AXIS], args[2], args[3], args[1])
+    rows = sharding.put((ids, prompts, lengths), NamedSharding(mesh, PartitionSpec(DATA_AXIS)))
+    replicated = sharding.put((args[0], args[6]), NamedSharding(mesh, PartitionSpec()))
+    args = [replicated[0], *rows, args[4], args[5], replicated[1]]
+  return compiled_program(program_spec, mesh), tuple(args), b

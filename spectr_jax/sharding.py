@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.experimental.layout import Format
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = "data"
@@ -215,10 +216,16 @@ def shard_params(
 
 
 def put(tree: Any, shardings: Any) -> Any:
-  """Places arrays whose full value every process holds onto `shardings` (a sharding or
-  a pytree of them), across processes too; arrays already placed so stay as they are."""
+  """Places arrays whose full value every process holds onto `shardings` (a sharding, a
+  `Format` (a sharding and a device layout), or a pytree of them), across processes too;
+  arrays already placed so stay as they are. Abstract leaves (`jax.ShapeDtypeStruct`, for
+  lowering on compile-only devices) come back abstract, carrying the placement."""
 
   def place(x, target):
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=target)
+    if isinstance(target, Format):
+      return x if isinstance(x, jax.Array) and x.format == target else jax.device_put(x, target)
     if isinstance(x, jax.Array) and x.sharding == target:
       return x
     if target.is_fully_addressable:
@@ -229,9 +236,31 @@ def put(tree: Any, shardings: Any) -> Any:
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, target, lambda index: host[index])
 
-  if isinstance(shardings, jax.sharding.Sharding):
+  if isinstance(shardings, jax.sharding.Sharding | Format):
     return jax.tree.map(lambda x: place(x, shardings), tree)
   return jax.tree.map(place, tree, shardings)
+
+
+def abstract(tree: Any) -> Any:
+  """The arrays of `tree` as `jax.ShapeDtypeStruct`s (shapes, dtypes and placements only;
+  abstract leaves stay), for lowering on devices that cannot hold them."""
+
+  def shape(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return x
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None))
+
+  return jax.tree.map(shape, tree)
+
+
+def is_compile_only(mesh: Mesh) -> bool:
+  """Whether `mesh` is made of compile-only devices (`spectr_jax.targets`): programs for
+  it lower and compile, and no array can be placed on it."""
+  device = mesh.devices.flat[0]
+  try:
+    return device not in jax.devices(device.platform)
+  except RuntimeError:  # no backend of that platform in this process
+    return True
 
 
 def fetch(tree: Any) -> Any:

@@ -26,6 +26,7 @@ ORDER = (
   "metrics",
   "timing",
   "programs",
+  "targets",
   "acceptance",
   "adaptive",
   "optimal",
