@@ -138,9 +138,14 @@ def bench_prompts(heldout, batch, prompt_len, vocab):
 
 COST_TABLE = "cost_table.json"  # under --workdir, unless --cost_table names a file
 CALLS = 16  # calls of a part per timed loop
-TRACED = rounds.Traced(  # temperature 1, top-p 1, rho 0 (unused: rho*), no stop token
-  jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
-)
+
+
+def default_traced() -> rounds.Traced:
+  """Temperature 1, top-p 1, rho 0 (unused: rho*), no stop token (built on first use: no
+  JAX backend starts at import, so a compile-only GPU target can still be chosen)."""
+  return rounds.Traced(
+    jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
+  )
 
 
 def _looped(step):
@@ -179,7 +184,7 @@ def model_calls(draft_spec, target_spec, draft, target, prompts, lengths, traced
   calls alone; without a draft, the target scores `drafts_BxKxL` when given: a tree's
   nodes depend on them). Each call consumes the previous one's output; the tails are
   reset instead of committed."""
-  traced = TRACED if traced is None else traced
+  traced = default_traced() if traced is None else traced
   draft_spec, target_spec = (
     round_spec(s, draft, target) if isinstance(s, DecodeSpec) else s
     for s in (draft_spec, target_spec)
@@ -229,7 +234,7 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
   if isinstance(spec, DecodeSpec):
     traced = engine.traced_values(spec) if traced is None else traced
     spec = round_spec(spec, draft, target)
-  traced = TRACED if traced is None else traced
+  traced = default_traced() if traced is None else traced
   draft_params = draft.params if spec.draft_len else None
   state = jax.jit(functools.partial(rounds.init_state, spec))(
     draft_params, target.params, prompts, lengths

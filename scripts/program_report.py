@@ -46,11 +46,15 @@ import numpy as np
 from absl import app, flags
 from bench_device import DRAFT, SMALL_DRAFT, SMALL_TARGET, SMALL_VOCAB, TARGET, VOCAB
 
-from spectr_jax import engine, programs, tables
+from spectr_jax import dryrun, engine, metrics, programs, tables, targets
 from spectr_jax.config import DecodeSpec
 from spectr_jax.models import ModelBundle, ModelConfig, count_params, init_params
 
 PROGRAMS = ("ar", "tails", "dedup")
+# On a target: the decode programs of --method at K x L (tails, tree, adaptive), the
+# node budget (rrs on its tree), and the other verifiers' tails (traversal: its tree).
+TARGET_PROGRAMS = ("ar", "tails", "tree", "adaptive", "budget", "optimal", "gbv", "rrs",
+                   "traversal")  # fmt: skip
 ALIASES = {"tree": "dedup"}  # the name before DecodeSpec.dedup
 # --scan_layers -> DecodeSpec.layer_stack
 LAYER_STACKS = {"default": "auto", "on": "scan", "off": "unroll"}
@@ -86,6 +90,34 @@ _FLAGS = [
     flag_values=FLAGS,
   ),  # fmt: skip
   flags.DEFINE_string("json", None, "Also write the numbers to this JSON file.", flag_values=FLAGS),
+  flags.DEFINE_string(
+    "target",
+    "",
+    "Compile-only targets (spectr_jax.targets), e.g. tpu:v5e:2x2,gpu:h100: "
+    "the accelerator tables instead of the CPU one.",
+    flag_values=FLAGS,
+  ),  # fmt: skip
+  flags.DEFINE_integer("model", 1, "Devices per 'model' group on a target.", flag_values=FLAGS),
+  flags.DEFINE_string(
+    "target_programs",
+    ",".join(TARGET_PROGRAMS),
+    "The programs compiled for a target: a subset of " + ",".join(TARGET_PROGRAMS) + ".",
+    flag_values=FLAGS,
+  ),  # fmt: skip
+  flags.DEFINE_string("batches", "1,8", "Batch sizes on a target.", flag_values=FLAGS),
+  flags.DEFINE_string(
+    "rounds",
+    "ar,kseq:4:4,kseq:8:8",
+    "Rounds to project on a target (ar or method:K:L, each as tails and tree); '' skips.",
+    flag_values=FLAGS,
+  ),  # fmt: skip
+  flags.DEFINE_string(
+    "block_efficiency",
+    "kseq:4:4=3.26,kseq:8:8=3.54",
+    "config=efficiency,... of the "
+    "projected speedup (the trained embedded pair's: docs/RESULTS.md).",
+    flag_values=FLAGS,
+  ),  # fmt: skip
 ]
 _DTYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64"}
 
@@ -333,10 +365,144 @@ def format_per_layer(result: dict) -> str:
   return "\n".join(lines)
 
 
+def target_spec(name: str, args) -> DecodeSpec:
+  """The `DecodeSpec` of target program `name` (`TARGET_PROGRAMS`)."""
+  k, length, common = args.num_drafts, args.draft_len, dict(max_new_tokens=args.max_new_tokens)
+  if name == "ar":
+    return DecodeSpec("autoregressive", **common)
+  if name in ("tails", "tree", "adaptive"):
+    return DecodeSpec(args.method, k, length, drafting=args.drafting, dedup=name == "tree",
+                      adaptive=0.5 if name == "adaptive" else 0.0, **common)  # fmt: skip
+  if name == "budget":
+    return DecodeSpec("rrs", k, length, dedup=True, node_budget=k * length // 2, **common)
+  return DecodeSpec(name, k, length, dedup=name == "traversal", **common)
+
+
+PROGRAM_COLS = [
+  ("target", "target", "{}"),
+  ("program", "program", "{}"),
+  ("batch", "B", "{}"),
+  ("args", "args GB", "{}"),
+  ("temp", "temp GB (/ args)", "{}"),
+  ("out", "out GB", "{}"),
+  ("peak", "peak / HBM GB", "{}"),
+  ("plan", "plan GB (/ peak)", "{}"),
+  ("weight_copies", "weight copies", "{}"),
+  ("loops", "data-dependent", "{}"),
+  ("kernels_per_round", "kernels / round", "{}"),
+  ("gpu", "GPU: round loop, host waits, launches / round, kernels in graphs", "{}"),
+  ("compile_s", "compile s", "{:.1f}"),
+]
+ROUND_COLS = [
+  ("target", "target", "{}"),
+  ("program", "round", "{}"),
+  ("batch", "B", "{}"),
+  ("gflops", "GFLOP", "{:.1f}"),
+  ("hbm", "HBM GB", "{:.3f}"),
+  ("must_move", "must move GB", "{:.3f}"),
+  ("ratio", "HBM / must move", "{:.2f}"),
+  ("compiler", "compiler's bytes GB", "{}"),
+  ("kernels", "kernels", "{}"),
+  ("ms", "projected ms", "{:.3f}"),
+  ("speedup", "projected speedup", "{}"),
+  ("compile_s", "compile s", "{:.1f}"),
+]
+
+
+def _gb(value: float) -> str:
+  return f"{value / 1e9:.2f}"
+
+
+def program_row(report: dryrun.ProgramReport) -> dict:
+  """A `dryrun.ProgramReport` as a table row (and its JSON)."""
+  gpu = report.gpu
+  return dict(
+    dataclasses.asdict(report),
+    program=report.label,
+    args=_gb(report.argument_bytes),
+    temp=f"{_gb(report.temp_bytes)} ({report.temp_share:.0%})",
+    out=_gb(report.output_bytes),
+    peak=f"{_gb(report.peak_bytes)} / {_gb(report.chip_bytes)}{'' if report.fits else ' NO FIT'}",
+    plan=f"{_gb(report.plan_bytes)} ({report.plan_bytes / max(report.peak_bytes, 1):.2f})",
+    loops="; ".join(programs.scope(n) or n for n in report.data_dependent) or "none",
+    gpu="-" if gpu is None else (
+      f"{'graph' if gpu.round_loop_in_graph else 'host'}, {gpu.host_waits}, {gpu.launches}, "
+      f"{gpu.in_graphs:.0%}"
+    ),
+  )  # fmt: skip
+
+
+def target_main(args) -> dict:
+  """The accelerator tables: each target's programs, rounds and projected speedups."""
+  draft_config, target_config = pair_configs(args)
+  batches = [int(b) for b in args.batches.split(",") if b]
+  efficiency = {
+    DecodeSpec.parse(key).label(): float(value)
+    for key, value in (item.split("=") for item in args.block_efficiency.split(",") if item)
+  }
+  common = dict(prompt_width=args.prompt_len)
+  program_rows, round_rows = [], []
+  for name in args.target.split(","):
+    where = dryrun.build(name, args.model)
+    for b in batches:
+      for program in args.target_programs.split(","):
+        spec = target_spec(program, args)
+        report = dryrun.program_report(spec, draft_config, target_config, where, batch=b, **common)
+        program_rows.append(program_row(report))
+        print(tables.markdown([program_rows[-1]], PROGRAM_COLS).splitlines()[-1], flush=True)
+      ar_ms = None
+      for text in (t for t in args.rounds.split(",") if t):
+        if text == "ar":
+          specs = [DecodeSpec("autoregressive", max_new_tokens=args.max_new_tokens)]
+        else:
+          spec = DecodeSpec.parse(text, max_new_tokens=args.max_new_tokens)
+          specs = [spec, spec.replace(dedup=True)]
+        for spec in specs:
+          kernels = dryrun.program_report(
+            spec, draft_config, target_config, where, batch=b, **common
+          ).kernels_per_round
+          r = dryrun.round_report(spec, draft_config, target_config, where, batch=b,
+                                  kernels=kernels, **common)  # fmt: skip
+          ms = 1e3 * r.seconds
+          ar_ms = ms if not spec.speculative else ar_ms
+          be = efficiency.get(spec.replace(dedup=False).label())
+          speedup = "-" if be is None or ar_ms is None else f"{be * ar_ms / ms:.2f}x (BE {be})"
+          round_rows.append(dict(
+            dataclasses.asdict(r), program=r.label, gflops=r.flops / 1e9, hbm=r.hbm_bytes / 1e9,
+            must_move=r.must_move / 1e9, ratio=r.hbm_bytes / r.must_move, ms=ms,
+            compiler="-" if r.compiler_bytes is None else _gb(r.compiler_bytes),
+            speedup=speedup,
+          ))  # fmt: skip
+          print(tables.markdown([round_rows[-1]], ROUND_COLS).splitlines()[-1], flush=True)
+  print(
+    f"\nPrograms (per chip; bench_device's pair, {args.prompt_len}-token prompts, "
+    f"{args.max_new_tokens} new tokens, K = {args.num_drafts}, L = {args.draft_len}; "
+    "data-dependent: besides the loop of rounds):\n"
+  )
+  print(tables.markdown(program_rows, PROGRAM_COLS))
+  if round_rows:
+    print(
+      "\nRounds (per chip; the round program unrolled; projected by "
+      f"{metrics.ROOFLINE}, {metrics.GPU_KERNEL_S * 1e6:.1f} us per kernel on GPU):\n"
+    )
+    print(tables.markdown(round_rows, ROUND_COLS))
+  return {"programs": program_rows, "rounds": round_rows}
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   args = types.SimpleNamespace(**{holder.name: holder.value for holder in _FLAGS})
+  if args.target:
+    if any(t.strip().lower().startswith("gpu") for t in args.target.split(",")):
+      targets.use_cpu_host()
+    start = time.perf_counter()
+    report = target_main(args)
+    print(f"\ntotal {time.perf_counter() - start:.0f} s")
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump({"settings": vars(args), **report}, f, indent=1, default=str)
+    return
   names = [ALIASES.get(n, n) for n in args.programs.split(",") if n]
   args.per_layer = ALIASES.get(args.per_layer, args.per_layer)
   for n in names + ([args.per_layer] if args.per_layer else []):

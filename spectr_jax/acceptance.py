@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import checks, methods
+from spectr_jax import checks, loops, methods
 from spectr_jax.sampling import categorical
 
 RHO_MODES = ("star", "k", "fixed")
@@ -122,7 +122,7 @@ def rho_star(p_V, q_V, k):
   f_one = evaluate(one)
   f_k = jnp.maximum(evaluate(k_f), 0.0)
   init = (k_f, f_k, one, f_one, k_f, f_k, jnp.float32(0.5), k_f)
-  hi = jax.lax.fori_loop(0, RHO_EVALS - 2, step, init)[-1]
+  hi = loops.fori_loop(0, RHO_EVALS - 2, step, init)[-1]
   return jnp.where((f_one >= 0) | (k_f <= 1), one, hi)
 
 
@@ -244,7 +244,7 @@ def specinfer_residuals(p_V, q_V, num_drafts: int):
     beta = jnp.sum(jnp.minimum(r_V, p_V))
     return residual(r_V, p_V), (r_V, beta)
 
-  last, (rs, betas) = jax.lax.scan(stage, q_V, None, length=num_drafts)
+  last, (rs, betas) = loops.scan(stage, q_V, None, length=num_drafts)
   return jnp.concatenate([rs, last[None]], axis=0), betas
 
 
@@ -414,7 +414,7 @@ def _rrs_rejected(key, p_V, q_V, k: int, excess):
     return (lam_next, removed_V.at[x].set(True)), None
 
   init = (jnp.zeros((), p_V.dtype), removed_V)
-  (lam, removed_V), _ = jax.lax.scan(stage, init, jax.random.split(key, k - 2))
+  (lam, removed_V), _ = loops.scan(stage, init, jax.random.split(key, k - 2))
   weight_V, left_V, m, lam_next = rejected(lam, removed_V)
   # The mass left after drawing x, m - p(x), summed without x for the largest token (the
   # only one where the difference can cancel).
@@ -558,7 +558,7 @@ def _wor_bound(p_V, q_V, k: int):
     return c_QxK, jnp.where(r > 0, inside, 1.0)
 
   c_QxK = jnp.zeros(s_Q.shape + (k,), p_s.dtype).at[:, 0].set(1.0)
-  _, inside_V = jax.lax.scan(grow, c_QxK, (p_s, after_V))
+  _, inside_V = loops.scan(grow, c_QxK, (p_s, after_V))
   return _cut_minimum(q_s, inside_V)
 
 

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import adaptive, sampling
+from spectr_jax import adaptive, loops, sampling
 from spectr_jax.methods import PROPORTIONAL, check_branching
 
 __all__ = [
@@ -123,13 +123,23 @@ def distinct_tokens(key_K, p_V):
     (tokens_K int32, valid_K bool): valid_K[i] = i < number of tokens with p > 0.
   """
 
-  def draw(taken_V, key):
+  k = key_K.shape[0]
+
+  def draw(carry, key_i):
+    taken_V, x_K, valid_K = carry
+    key, i = key_i
     left_V = jnp.where(taken_V, 0.0, p_V)
     some = jnp.any(left_V > 0)
     x = sampling.categorical(key, left_V)
-    return taken_V.at[x].set(taken_V[x] | some), (x, some)
+    # Selects rather than updates of one entry (or a scan's stacked outputs): XLA:GPU
+    # makes such an update a copy thunk that keeps the round out of its CUDA graph
+    # (docs/ACCELERATORS.md).
+    taken_V = taken_V | ((jnp.arange(p_V.shape[-1]) == x) & some)
+    at_K = jnp.arange(k) == i
+    return (taken_V, jnp.where(at_K, x, x_K), jnp.where(at_K, some, valid_K)), None
 
-  _, (x_K, valid_K) = jax.lax.scan(draw, jnp.zeros(p_V.shape, bool), key_K)
+  init = (jnp.zeros(p_V.shape, bool), jnp.zeros((k,), jnp.int32), jnp.zeros((k,), bool))
+  (_, x_K, valid_K), _ = loops.scan(draw, init, (key_K, jnp.arange(k)))
   return jnp.where(valid_K, x_K, x_K[0]).astype(jnp.int32), valid_K
 
 
@@ -331,7 +341,7 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
   else:
     for start, stop, size in _runs(sizes):
       steps = t_A[start:stop], level_Ax2[start:stop]
-      carry, _ = jax.lax.scan(functools.partial(step, size), carry, steps)
+      carry, _ = loops.scan(functools.partial(step, size), carry, steps)
       positions += (stop - start) * k // size
   cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, _ = carry
   drafts_BxKxL = jnp.take_along_axis(drafts_BxKxL, source_BxK[:, :, None], 1)

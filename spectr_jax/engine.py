@@ -21,6 +21,7 @@ draft tails hold `[pending.., d_1..d_{L-1}]`; the draft never sees d_L, so after
 hit (L + 1 tokens) it has two pending tokens, fed together at the start of the next round.
 """
 
+import contextlib
 import functools
 from typing import NamedTuple
 
@@ -29,9 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spectr_jax import acceptance, checks, methods, rounds, sharding
+from spectr_jax import acceptance, checks, loops, methods, rounds, sharding
 from spectr_jax.config import DecodeSpec
-from spectr_jax.models import ModelBundle, ModelConfig, check_params, placement
+from spectr_jax.models import KVCache, ModelBundle, ModelConfig, check_params, placement
 from spectr_jax.rounds import DecodeStats, Traced
 from spectr_jax.sharding import DATA_AXIS
 
@@ -113,15 +114,16 @@ def compiler_options(mesh: jax.sharding.Mesh | None = None) -> dict[str, bool | 
   - `xla_gpu_copy_insertion_use_region_analysis`: the same analysis on GPU (off there by
     default), so the commit's writes into the caches need no copy of them.
   - `xla_gpu_enable_command_buffer`: XLA's default command types (kernels, cuBLAS,
-    cuBLASLt, custom calls, cuDNN) plus WHILE and CONDITIONAL, so a round's fixed-trip
-    loops and the dedup round's node-count switch are captured into CUDA graphs (with
-    conditional nodes) instead of launching their kernels one by one and copying each
-    predicate to the host.
-  Not yet measured on a GPU (docs/PERFORMANCE.md, "On an accelerator"); `XLA_FLAGS`
-  set by the user apply on top (e.g. `--xla_gpu_autotune_level=0` to skip autotuning
-  the matmuls: faster compiles, possibly slower steps). Left off until measured:
-  `--xla_gpu_enable_dynamic_slice_fusion` (a scanned stack's matmuls reading their
-  layer of the stacked weights in place; without it each iteration copies its layer).
+    cuBLASLt, custom calls, cuDNN) plus WHILE and CONDITIONAL, so the loop of rounds, a
+    round's fixed-trip loops and its data-dependent ones (the tree's node-count switch,
+    the adaptive draft loop) are recorded into one CUDA graph, conditional nodes
+    included: no iteration or branch waits on the host. Checked on compile-only H100,
+    H200 and B200 targets for every program of the program report (docs/
+    ACCELERATORS.md), which needs the models' layers unrolled on a GPU (`models.layout.
+    scans`) and no tiny in-place updates in a round's loops (XLA:GPU runs those as copy
+    thunks outside any graph); not yet timed on a device.
+  `XLA_FLAGS` set by the user apply on top (e.g. `--xla_gpu_autotune_level=0` to skip
+  autotuning the matmuls: faster compiles, possibly slower steps).
   """
   platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
   if platform == "cpu":
@@ -208,13 +210,15 @@ def generate(
   Returns:
     `GenerateOutput(tokens_BxT, lengths_B, stats)`, T = `spec.max_new_tokens`.
   """
-  program, args, b = _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh)
+  program_spec, args, b = _prepare(
+    key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh
+  )
   if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(args)):
     raise ValueError(
       "generate needs arrays on devices that run: got abstract parameters or a mesh of "
       "compile-only devices (engine.lower builds the program for them)"
     )
-  out = program(*args)
+  out = compiled_program(program_spec, mesh)(*args)
   if mesh is not None:
     out = jax.tree.map(lambda x: x[:b], sharding.fetch(out))
   return out
@@ -233,8 +237,104 @@ def lower(
 ) -> jax.stages.Lowered:
   """The lowered program `generate` runs for these arguments (for its HLO, cost or
   memory: `.compile().as_text()`, `.compile().memory_analysis()`)."""
-  program, args, _ = _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh)
-  return program.lower(*args)
+  program_spec, args, _ = _prepare(
+    key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh
+  )
+  return compiled_program(program_spec, mesh).lower(*args)
+
+
+def lower_round(
+  key: jax.Array,
+  spec: DecodeSpec,
+  *,
+  draft: ModelBundle | None,
+  target: ModelBundle,
+  prompts: jax.Array,
+  prompt_lengths: jax.Array,
+  prompt_ids: jax.Array | None = None,
+  mesh: jax.sharding.Mesh | None = None,
+  unroll: bool = False,
+) -> jax.stages.Lowered:
+  """The lowered program of one round of the decode `lower` builds (its loop's body, as
+  a program of its own: `round_program`), on the state after the prefill. An
+  autoregressive spec gives one step.
+
+  With `unroll` the round's fixed-trip loops are unrolled (`spectr_jax.loops`; give the
+  spec `layer_stack="unroll"` for the models' layers too): XLA's cost analysis counts a
+  loop's body once, so only then are the compiler's flops and bytes those of a round.
+  """
+  program_spec, args, _ = _prepare(
+    key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh
+  )
+  key, ids, prompts_BxP, lengths_B, draft_params, target_params, traced = args
+  state = jax.eval_shape(
+    functools.partial(rounds.init_state, program_spec),
+    *sharding.abstract((draft_params, target_params, prompts_BxP, lengths_B)),
+  )
+  if mesh is not None:
+    state = sharding.put(state, _state_shardings(state, mesh))
+  with loops.unrolled() if unroll else contextlib.nullcontext():
+    return round_program(program_spec, mesh).lower(
+      key, ids, draft_params, target_params, traced, state
+    )
+
+
+def _state_shardings(state: rounds.State, mesh: jax.sharding.Mesh) -> rounds.State:
+  """A round's state on `mesh`: rows over "data" (the caches by `sharding.CACHE_AXES`)."""
+  rows = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+  specs = jax.tree.map(lambda _: rows, state)
+  for name in ("target_cache", "draft_cache"):
+    cache = getattr(state, name)
+    if cache is not None:
+      cache_specs = sharding.cache_specs(cache, mesh)
+      specs = specs.replace(
+        **{name: jax.tree.map(lambda spec: NamedSharding(mesh, spec), cache_specs)}
+      )
+  return specs
+
+
+def _state_specs(spec: rounds.RoundSpec) -> rounds.State:
+  """The `PartitionSpec`s of a round's state over "data" (a prefix of `rounds.State`): every
+  field's batch axis (a cache's by `sharding.CACHE_AXES`)."""
+  rows = PartitionSpec(DATA_AXIS)
+
+  def cache():
+    return KVCache(
+      **{
+        name: PartitionSpec(*[None] * axes.index("batch"), DATA_AXIS)
+        for name, axes in sharding.CACHE_AXES.items()
+      }
+    )
+
+  return rounds.State(
+    rounds_B=rows, done_B=rows, last_B=rows, pending_Bx2=rows, num_pending_B=rows,
+    out_BxW=rows, num_out_B=rows, target_cache=cache(),
+    draft_cache=cache() if spec.draft_len > 0 else None, stats=rows,
+  )  # fmt: skip
+
+
+@functools.cache
+def round_program(spec: rounds.RoundSpec, mesh: jax.sharding.Mesh | None = None):
+  """The jitted program of one round (`rounds.run_round`; cached): (key, prompt_ids_B,
+  draft_params, target_params, traced, state) -> state, the state donated (its caches
+  are updated in place, as in the decode's loop)."""
+
+  def one_round(key, ids_B, draft_params, target_params, traced, state):
+    row_key_B = jax.vmap(jax.random.fold_in, (None, 0))(key, ids_B)
+    return rounds.run_round(spec, draft_params, target_params, row_key_B, state, traced)
+
+  fn = one_round
+  if mesh is not None:
+    data, rep = PartitionSpec(DATA_AXIS), PartitionSpec()
+    fn = jax.shard_map(
+      one_round,
+      mesh=mesh,
+      in_specs=(rep, data, rep, rep, rep, _state_specs(spec)),
+      out_specs=_state_specs(spec),
+      axis_names={DATA_AXIS},
+      check_vma=False,
+    )
+  return jax.jit(fn, donate_argnums=5, compiler_options=compiler_options(mesh))
 
 
 def round_spec(
@@ -289,8 +389,12 @@ def _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh
     )
   checks.prng_key("key", key)
   _check_prompts(target.config.vocab_size, prompts, prompt_lengths, prompt_ids)
-  target = target.for_decoding(spec.scan_layers)
-  draft = draft.for_decoding(spec.scan_layers) if spec.speculative and draft is not None else None
+  platform = placement.platform_of(mesh)
+  target = target.for_decoding(spec.scan_layers, platform)
+  if spec.speculative and draft is not None:
+    draft = draft.for_decoding(spec.scan_layers, platform)
+  else:
+    draft = None
   spec.check_models(target.config, None if draft is None else draft.config, np.shape(prompts)[1])
   for name, bundle in (("target", target), ("draft", draft)):
     if bundle is not None:
@@ -322,4 +426,4 @@ def _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh
     rows = sharding.put((ids, prompts, lengths), NamedSharding(mesh, PartitionSpec(DATA_AXIS)))
     replicated = sharding.put((args[0], args[6]), NamedSharding(mesh, PartitionSpec()))
     args = [replicated[0], *rows, args[4], args[5], replicated[1]]
-  return compiled_program(program_spec, mesh), tuple(args), b
+  return program_spec, tuple(args), b

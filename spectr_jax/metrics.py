@@ -11,7 +11,10 @@ Two models predict the speedup of speculative decoding over autoregressive decod
   both rounds predicted from the same table;
 - `predicted_speedup`, the memory-bound model of an accelerator with the parameter
   ratio as a draft step's cost: only where no table was measured (on the one H200 run so
-  far it charged a K-SEQ 8 x 8 round 1.8 autoregressive steps where it took 5.3).
+  far it charged a K-SEQ 8 x 8 round 1.8 autoregressive steps where it took 5.3);
+- `roofline_seconds`, the model of a compiled program on a chip it was built for
+  (`spectr_jax.dryrun`): the round's HBM bytes over the bandwidth or its matmul flops over
+  the peak, whichever is larger, plus on a GPU a fixed cost per kernel (`GPU_KERNEL_S`).
 """
 
 import dataclasses
@@ -21,6 +24,34 @@ from typing import Any
 
 MEMORY_BOUND = "memory-bound model, parameter ratio"
 MEASURED = "measured costs"
+ROOFLINE = "roofline and kernel-count model"
+
+# Seconds per kernel a GPU round costs beyond its roofline: calibrated on the one H200
+# measurement (docs/ACCELERATORS.md, "The kernel cost"): that build's autoregressive step
+# took 3.36 ms where its 8.11 GB of HBM traffic need 1.69 ms at 4.8 TB/s, over its 515
+# kernels; the same model puts its K-SEQ 8 x 8 round at 18.2 ms, measured 17.9 ms.
+GPU_KERNEL_S = 3.2e-6
+
+
+def roofline_seconds(
+  flops: float,
+  hbm_bytes: float,
+  kernels: int,
+  matmul_flops: float,
+  hbm_bandwidth: float,
+  kernel_s: float = 0.0,
+) -> float:
+  """A program's time on a chip under the roofline and kernel-count model:
+
+    max(hbm_bytes / hbm_bandwidth, flops / matmul_flops) + kernels x kernel_s
+
+  Args:
+    flops: its matmul flops. hbm_bytes: its HBM traffic. kernels: kernels it runs.
+    matmul_flops: the chip's dense matmul peak (FLOP/s). hbm_bandwidth: bytes/s.
+    kernel_s: the cost of one kernel beyond the roofline (`GPU_KERNEL_S` on a GPU; 0 on
+      a TPU, whose per-operation cost the model leaves out).
+  """
+  return max(hbm_bytes / hbm_bandwidth, flops / matmul_flops) + kernels * kernel_s
 
 
 def predicted_speedup(block_efficiency: float, draft_len: int, cost_ratio: float) -> float:

@@ -113,7 +113,7 @@ class Target:
         "(a separate environment, about 5 GB)"
       ) from None
     text = (_CONFIGS / f"{self.chip.key}.txtpb").read_text()
-    desc = topologies.get_topology_desc(self.topology, platform="cuda", target_config=text)
+    desc = topologies.get_topology_desc(platform="cuda", topology=self.topology, target_config=text)
     return list(desc.devices)
 
 
@@ -139,7 +139,19 @@ def parse(name: str) -> Target:
 
 
 def use_cpu_host() -> None:
-  """Makes the CPU this process's JAX platform (before any computation), so a GPU
-  target's plugin compiles without looking for a GPU; a no-op when JAX_PLATFORMS is set."""
-  if not os.environ.get("JAX_PLATFORMS"):
-    jax.config.update("jax_platforms", "cpu")
+  """Makes the CPU this process's JAX platform, so a GPU target's plugin compiles without
+  looking for a GPU; a no-op when JAX_PLATFORMS is set.
+
+  Raises:
+    RuntimeError: JAX's backends already started (call this before any computation).
+  """
+  if os.environ.get("JAX_PLATFORMS"):
+    return
+  from jax._src import xla_bridge
+
+  if xla_bridge.backends_are_initialized():
+    raise RuntimeError(
+      "GPU targets compile in a process whose JAX platform is the CPU: call "
+      "targets.use_cpu_host() before any computation, or set JAX_PLATFORMS=cpu"
+    )
+  jax.config.update("jax_platforms", "cpu")

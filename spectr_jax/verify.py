@@ -32,7 +32,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from spectr_jax import acceptance, checks, methods
+from spectr_jax import acceptance, checks, loops, methods
 from spectr_jax.acceptance import rho_star
 from spectr_jax.methods import Verdict
 from spectr_jax.optimal import optimal
@@ -153,7 +153,7 @@ def rrs_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
     return (r_V, left_V, accepted | accept, jnp.where(accept, x, token)), None
 
   init = (q_V, p_V, jnp.bool_(False), jnp.int32(0))
-  (r_V, _, accepted, token), _ = jax.lax.scan(stage, init, (drafts_K, valid_K, u_K))
+  (r_V, _, accepted, token), _ = loops.scan(stage, init, (drafts_K, valid_K, u_K))
   y = categorical(residual_key, r_V)
   return Verdict(jnp.where(accepted, token, y).astype(jnp.int32), accepted)
 
@@ -352,7 +352,7 @@ def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV, le
   keys_L1 = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(draft_len + 1))
 
   def step(carry, t):
-    live, alive_K = carry  # live: the walk reaches position t.
+    (live, alive_K), outs = carry  # live: the walk reaches position t.
     # Surviving drafts agree on all earlier tokens, so they share p and q at t (p read
     # from one whose length reaches t).
     valid_K = alive_K & (t < length_K)
@@ -373,13 +373,22 @@ def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV, le
       jnp.where(live, verdict.rho, 0.0),
       jnp.where(live, verdict.overshoot, 0.0),
     )
+    # Position t's outputs written by a select over the L + 1 slots rather than as the
+    # scan's stacked outputs: XLA:GPU turns those tiny in-place updates into copy thunks
+    # that keep the round out of its CUDA graph (docs/ACCELERATORS.md).
+    at_L1 = jnp.arange(draft_len + 1) == t
+    outs = tuple(jnp.where(at_L1, o, acc) for o, acc in zip(out, outs, strict=True))
     # After a miss no draft survives: the masked positions verify none (cheap).
-    return (live & hit, match_K), out
+    return ((live & hit, match_K), outs), None
 
-  init = (jnp.bool_(True), jnp.ones((num_drafts,), bool))
-  _, (tokens_L1, hit_L1, accepted_L1, survivors_L1, rho_L1, overshoot_L1) = jax.lax.scan(
-    step, init, jnp.arange(draft_len + 1)
-  )
+  slots_L1 = jnp.zeros((draft_len + 1,))
+  init = (
+    (jnp.bool_(True), jnp.ones((num_drafts,), bool)),
+    (slots_L1.astype(drafts_KxL.dtype), slots_L1.astype(bool), slots_L1.astype(bool),
+     slots_L1.astype(jnp.int32), slots_L1, slots_L1),
+  )  # fmt: skip
+  (_, outs), _ = loops.scan(step, init, jnp.arange(draft_len + 1))
+  tokens_L1, hit_L1, accepted_L1, survivors_L1, rho_L1, overshoot_L1 = outs
   # The walk emits a token at position 0 and one more after every hit.
   num_tokens = 1 + jnp.sum(hit_L1).astype(jnp.int32)
   stats = BlockStats(hit_L1, accepted_L1, survivors_L1.astype(jnp.int32), rho_L1, overshoot_L1)

@@ -27,6 +27,7 @@ ORDER = (
   "timing",
   "programs",
   "targets",
+  "loops",
   "acceptance",
   "adaptive",
   "optimal",

@@ -32,11 +32,12 @@ class ModelBundle:
     `models.layout`)."""
     return decoder(self.config)
 
-  def for_decoding(self, scan_layers: bool | None = None) -> "ModelBundle":
+  def for_decoding(self, scan_layers: bool | None = None, platform: str = "") -> "ModelBundle":
     """The bundle as a decode holds it: every float in the compute dtype, the layers
     stacked for a scanned stack or split for an unrolled one (`layout.for_decoding`,
-    `scan_layers` as there; a no-op where it already is)."""
-    return self.replace(params=layout.for_decoding(self.params, self.config, scan_layers))
+    `scan_layers` and `platform` as there; a no-op where it already is)."""
+    params = layout.for_decoding(self.params, self.config, scan_layers, platform)
+    return self.replace(params=params)
 
   @property
   def model(self) -> Transformer:

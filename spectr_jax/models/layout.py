@@ -41,10 +41,15 @@ _SPLIT = re.compile(r"layers_(\d+)$")
 SCAN_MIN_LAYERS = 8
 
 
-def scans(config: ModelConfig, scan_layers: bool | None = None) -> bool:
+def scans(config: ModelConfig, scan_layers: bool | None = None, platform: str = "") -> bool:
   """Whether a model of `config` runs its stack under `lax.scan`: `scan_layers`, or when
-  None, whether it has at least `SCAN_MIN_LAYERS` layers."""
-  return config.num_layers >= SCAN_MIN_LAYERS if scan_layers is None else bool(scan_layers)
+  None, on a GPU never (there each layer of a scanned stack is sliced out of the stacked
+  weights by a copy, every call, and the loop's thunks fall outside the CUDA graphs the
+  round runs in: docs/ACCELERATORS.md), elsewhere when it has at least `SCAN_MIN_LAYERS`
+  layers."""
+  if scan_layers is not None:
+    return bool(scan_layers)
+  return platform not in ("gpu", "cuda", "rocm") and config.num_layers >= SCAN_MIN_LAYERS
 
 
 def is_split(params: Mapping[str, Any]) -> bool:
@@ -269,19 +274,22 @@ def join_layers(params: Mapping[str, Any], config: ModelConfig) -> dict[str, Any
   return out
 
 
-def for_decoding(params: Any, config: ModelConfig, scan_layers: bool | None = None) -> Any:
+def for_decoding(
+  params: Any, config: ModelConfig, scan_layers: bool | None = None, platform: str = ""
+) -> Any:
   """The parameters as a decode holds them: every float in the compute dtype (cast once
   here, so no round converts a weight), the layers stacked for a scanned stack and split
-  for an unrolled one (`scans(config, scan_layers)`).
+  for an unrolled one (`scans(config, scan_layers, platform)`).
 
   Arrays stay where they are (a sharded array keeps its sharding); host arrays stay on
   the host.
   """
   if is_per_layer(params):
     params = stack_layers(params, config)
-  if scans(config, scan_layers) and is_split(params):
+  scanned = scans(config, scan_layers, platform)
+  if scanned and is_split(params):
     params = join_layers(params, config)
-  elif not scans(config, scan_layers) and "layers" in params:
+  elif not scanned and "layers" in params:
     params = split_layers(params, config)
   dtype = config.compute_dtype
 
