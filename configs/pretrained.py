@@ -15,11 +15,13 @@ arithmetic); `pair=pretrained` takes any two directories with the generic sizes.
 """
 
 import copy
+import json
 from typing import Any
 
 import ml_collections
 
-from spectr_jax.config import PairConfig
+from spectr_jax.config import PairConfig, SweepConfig
+from spectr_jax.models import ModelConfig, config_from_hf
 from spectr_jax.testing import hf_checkpoints
 
 # name: (draft, target, what the sizes below are meant for, batch size, cache capacity S).
@@ -29,6 +31,14 @@ PAIRS: dict[str, tuple[str, str, str, int, int]] = {
   "llama3": ("Llama-3.2-1B", "Llama-3.1-8B", "one 40 GB GPU", 32, 256),
   "gemma2": ("gemma-2-2b", "gemma-2-9b", "one 80 GB GPU (256k vocabulary)", 16, 256),
   "gpt2": ("gpt2", "gpt2-xl", "one 16 GB GPU", 64, 256),
+  "llama3-70b": ("Llama-3.1-8B", "Llama-3.1-70B", "a TPU v5p slice, model axis 4", 32, 512),
+  "gemma2-27b": (
+    "gemma-2-2b",
+    "gemma-2-27b",
+    "a TPU v5p slice, model axis 4 (256k vocabulary)",
+    16,
+    512,
+  ),  # fmt: skip
   "pretrained": ("draft", "target", "one 40 GB GPU", 32, 256),
 }
 ARGS: dict[str, Any] = dict(pair="", draft_dir="", target_dir="")
@@ -143,6 +153,19 @@ PUBLISHED: dict[str, dict[str, Any]] = {
     rope_scaling=dict(_LLAMA3_SCALING, factor=8.0),
     torch_dtype="bfloat16",
   ),
+  "Llama-3.1-70B": dict(
+    _LLAMA3,
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    tie_word_embeddings=False,
+    rope_scaling=dict(_LLAMA3_SCALING, factor=8.0),
+    torch_dtype="bfloat16",
+  ),
   "gemma-2-2b": dict(
     _GEMMA2,
     hidden_size=2304,
@@ -160,6 +183,17 @@ PUBLISHED: dict[str, dict[str, Any]] = {
     num_attention_heads=16,
     num_key_value_heads=8,
     torch_dtype="float32",
+  ),
+  "gemma-2-27b": dict(
+    _GEMMA2,
+    hidden_size=4608,
+    intermediate_size=36864,
+    num_hidden_layers=46,
+    num_attention_heads=32,
+    num_key_value_heads=16,
+    head_dim=128,
+    query_pre_attn_scalar=144,
+    torch_dtype="bfloat16",
   ),
   "gpt2": dict(_GPT2, n_embd=768, n_layer=12, n_head=12),
   "gpt2-xl": dict(_GPT2, n_embd=1600, n_layer=48, n_head=25),
@@ -204,8 +238,10 @@ _HUB_PARAMETERS = {
   "Qwen2.5-7B": 7_615_616_512,
   "Llama-3.2-1B": 1_235_814_400,
   "Llama-3.1-8B": 8_030_261_248,
+  "Llama-3.1-70B": 70_553_706_496,
   "gemma-2-2b": 2_614_341_888,
   "gemma-2-9b": 9_241_705_984,
+  "gemma-2-27b": 27_227_128_320,
   "gpt2": 124_439_808,
   "gpt2-xl": 1_557_611_200,
 }
@@ -250,3 +286,26 @@ def hub_config(name: str, **overrides) -> tuple[str, dict]:
     raise ValueError(f"unknown model {name!r}; expected one of {tuple(HUB_SHAPES)}")
   family, keys, _ = HUB_SHAPES[name]
   return family, hf_checkpoints.tiny_config(family, **{**keys, **overrides})
+
+
+def model_configs(config: SweepConfig) -> tuple[ModelConfig, ModelConfig]:
+  """The (draft, target) model configs of the sweep's pair, without loading weights."""
+  pair = config.pair
+  if pair.kind != "pretrained":
+    found = pair.model_configs()
+    if len(found) != 2:
+      raise ValueError("the pair's training configs are missing (an incomplete 'trained' pair)")
+    return found[0], found[1]
+  configs = []
+  for workdir in pair.workdirs:
+    path = workdir / "config.json"
+    if path.is_file():
+      hf = json.loads(path.read_text())
+    elif workdir.name in PUBLISHED:
+      hf = PUBLISHED[workdir.name]
+    else:
+      raise ValueError(
+        f"no {path} and no published sizes for {workdir.name!r} (known: {', '.join(PUBLISHED)})"
+      )
+    configs.append(config_from_hf(hf, pair.dtype or None, pair.max_len or None))
+  return configs[0], configs[1]

@@ -20,7 +20,6 @@ first device reports).
 """
 
 import dataclasses
-import json
 import pathlib
 import sys
 
@@ -32,7 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from configs import pretrained  # noqa: E402
 from spectr_jax import config as config_lib  # noqa: E402
 from spectr_jax import experiment, memory, sharding  # noqa: E402
-from spectr_jax.models import ModelConfig, config_from_hf, param_axes  # noqa: E402
+from spectr_jax.models import param_axes  # noqa: E402
 
 # The script's own flags when run; private ones when imported (tests/test_memory.py).
 FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
@@ -44,30 +43,6 @@ _SPEC = flags.DEFINE_string(
   "spec", "", "Plan this decode (method[/drafting]:K:L[:branching]) instead of the sweep's "
   "largest cell.", flag_values=FLAGS,
 )  # fmt: skip
-
-
-def model_configs(config: config_lib.SweepConfig) -> tuple[ModelConfig, ModelConfig]:
-  """The (draft, target) model configs of the sweep's pair, without loading weights."""
-  pair = config.pair
-  if pair.kind != "pretrained":
-    found = pair.model_configs()
-    if len(found) != 2:
-      raise ValueError("the pair's training configs are missing (an incomplete 'trained' pair)")
-    return found[0], found[1]
-  configs = []
-  for workdir in pair.workdirs:
-    path = workdir / "config.json"
-    if path.is_file():
-      hf = json.loads(path.read_text())
-    elif workdir.name in pretrained.PUBLISHED:
-      hf = pretrained.PUBLISHED[workdir.name]
-    else:
-      raise ValueError(
-        f"no {path} and no published sizes for {workdir.name!r} (known: "
-        f"{', '.join(pretrained.PUBLISHED)})"
-      )
-    configs.append(config_from_hf(hf, pair.dtype or None, pair.max_len or None))
-  return configs[0], configs[1]
 
 
 def cell_spec(
@@ -96,7 +71,7 @@ def plan_text(
   if devices % model:
     raise ValueError(f"mesh_model = {model} does not divide {devices} devices")
   mesh = memory.abstract_mesh(devices // model, model)
-  draft, target = model_configs(config)
+  draft, target = pretrained.model_configs(config)
   if spec:
     plan = memory.plan(
       draft, target, mesh, spec=cell_spec(config, spec), batch_size=config.batch_size,

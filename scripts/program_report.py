@@ -378,21 +378,6 @@ def target_spec(name: str, args) -> DecodeSpec:
   return DecodeSpec(name, k, length, dedup=name == "traversal", **common)
 
 
-PROGRAM_COLS = [
-  ("target", "target", "{}"),
-  ("program", "program", "{}"),
-  ("batch", "B", "{}"),
-  ("args", "args GB", "{}"),
-  ("temp", "temp GB (/ args)", "{}"),
-  ("out", "out GB", "{}"),
-  ("peak", "peak / HBM GB", "{}"),
-  ("plan", "plan GB (/ peak)", "{}"),
-  ("weight_copies", "weight copies", "{}"),
-  ("loops", "data-dependent", "{}"),
-  ("kernels_per_round", "kernels / round", "{}"),
-  ("gpu", "GPU: round loop, host waits, launches / round, kernels in graphs", "{}"),
-  ("compile_s", "compile s", "{:.1f}"),
-]
 ROUND_COLS = [
   ("target", "target", "{}"),
   ("program", "round", "{}"),
@@ -413,25 +398,6 @@ def _gb(value: float) -> str:
   return f"{value / 1e9:.2f}"
 
 
-def program_row(report: dryrun.ProgramReport) -> dict:
-  """A `dryrun.ProgramReport` as a table row (and its JSON)."""
-  gpu = report.gpu
-  return dict(
-    dataclasses.asdict(report),
-    program=report.label,
-    args=_gb(report.argument_bytes),
-    temp=f"{_gb(report.temp_bytes)} ({report.temp_share:.0%})",
-    out=_gb(report.output_bytes),
-    peak=f"{_gb(report.peak_bytes)} / {_gb(report.chip_bytes)}{'' if report.fits else ' NO FIT'}",
-    plan=f"{_gb(report.plan_bytes)} ({report.plan_bytes / max(report.peak_bytes, 1):.2f})",
-    loops="; ".join(programs.scope(n) or n for n in report.data_dependent) or "none",
-    gpu="-" if gpu is None else (
-      f"{'graph' if gpu.round_loop_in_graph else 'host'}, {gpu.host_waits}, {gpu.launches}, "
-      f"{gpu.in_graphs:.0%}"
-    ),
-  )  # fmt: skip
-
-
 def target_main(args) -> dict:
   """The accelerator tables: each target's programs, rounds and projected speedups."""
   draft_config, target_config = pair_configs(args)
@@ -448,8 +414,8 @@ def target_main(args) -> dict:
       for program in args.target_programs.split(","):
         spec = target_spec(program, args)
         report = dryrun.program_report(spec, draft_config, target_config, where, batch=b, **common)
-        program_rows.append(program_row(report))
-        print(tables.markdown([program_rows[-1]], PROGRAM_COLS).splitlines()[-1], flush=True)
+        program_rows.append(dryrun.report_row(report))
+        print(tables.markdown([program_rows[-1]], dryrun.REPORT_COLS).splitlines()[-1], flush=True)
       ar_ms = None
       for text in (t for t in args.rounds.split(",") if t):
         if text == "ar":
@@ -479,7 +445,7 @@ def target_main(args) -> dict:
     f"{args.max_new_tokens} new tokens, K = {args.num_drafts}, L = {args.draft_len}; "
     "data-dependent: besides the loop of rounds):\n"
   )
-  print(tables.markdown(program_rows, PROGRAM_COLS))
+  print(tables.markdown(program_rows, dryrun.REPORT_COLS))
   if round_rows:
     print(
       "\nRounds (per chip; the round program unrolled; projected by "

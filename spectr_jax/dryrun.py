@@ -19,6 +19,7 @@ For a (draft, target) pair of model configs with abstract weights (shapes only),
 Figures are per chip. What the compiler's estimates are and are not: docs/ACCELERATORS.md.
 """
 
+import collections
 import dataclasses
 import functools
 import glob
@@ -221,6 +222,47 @@ def program_report(
   )
 
 
+REPORT_COLS = [
+  ("target", "target", "{}"),
+  ("program", "program", "{}"),
+  ("batch", "B", "{}"),
+  ("args", "args GB", "{}"),
+  ("temp", "temp GB (/ args)", "{}"),
+  ("out", "out GB", "{}"),
+  ("peak", "peak / HBM GB", "{}"),
+  ("plan", "plan GB (/ peak)", "{}"),
+  ("weight_copies", "weight copies", "{}"),
+  ("loops", "data-dependent", "{}"),
+  ("kernels_per_round", "kernels / round", "{}"),
+  ("gpu", "GPU: round loop, host waits, launches / round, kernels in graphs", "{}"),
+  ("compile_s", "compile s", "{:.1f}"),
+]
+
+
+def _gb(value: float) -> str:
+  return f"{value / GB:.2f}"
+
+
+def report_row(report: ProgramReport) -> dict:
+  """A `ProgramReport` as a row of `REPORT_COLS` (and of JSON: its fields too)."""
+  gpu = report.gpu
+  scopes = collections.Counter(programs.scope(n) or n for n in report.data_dependent)
+  return dict(
+    dataclasses.asdict(report),
+    program=report.label,
+    args=_gb(report.argument_bytes),
+    temp=f"{_gb(report.temp_bytes)} ({report.temp_share:.0%})",
+    out=_gb(report.output_bytes),
+    peak=f"{_gb(report.peak_bytes)} / {_gb(report.chip_bytes)}{'' if report.fits else ' NO FIT'}",
+    plan=f"{_gb(report.plan_bytes)} ({report.plan_bytes / max(report.peak_bytes, 1):.2f})",
+    loops=", ".join(f"{k} x{n}" if n > 1 else k for k, n in scopes.items()) or "none",
+    gpu="-" if gpu is None else (
+      f"{'graph' if gpu.round_loop_in_graph else 'host'}, {gpu.host_waits}, {gpu.launches}, "
+      f"{gpu.in_graphs:.0%}"
+    ),
+  )  # fmt: skip
+
+
 def must_move_bytes(
   spec: DecodeSpec, draft: ModelConfig, target: ModelConfig, mesh: Any, *, batch: int,
   prompt_width: int,
@@ -340,3 +382,71 @@ def fitting_model_axis(
     if plan.total <= chip_bytes:
       return model
   return None
+
+
+@dataclasses.dataclass(frozen=True)
+class CellBuild:
+  """One distinct program of a sweep built for a target (`dry_run`).
+
+  Attributes:
+    cells: the labels of the sweep's cells that run this program.
+    report: its `ProgramReport`, None when the compiler refused it.
+    refused: why it cannot run there ("" when it fits): its bytes per chip against the
+      chip's, and a mesh that would fit (`fitting_model_axis`), or none.
+  """
+
+  cells: tuple[str, ...]
+  report: ProgramReport | None
+  refused: str
+
+
+def _refusal(spec, draft, target, where, batch, prompt_width, needed: str) -> str:
+  devices = where.mesh.size
+  model = fitting_model_axis(
+    spec, draft, target, devices, where.chip.hbm_bytes, batch=batch, prompt_width=prompt_width
+  )
+  fits = (
+    f"'model' = {model} (data = {devices // model}) fits by the memory plan"
+    if model is not None
+    else f"no (data, model) mesh of the {devices} chips fits by the memory plan: more chips"
+  )
+  return f"{needed} of {where.chip.hbm_bytes / GB:.2f} GB per chip; {fits}"
+
+
+def dry_run(
+  specs: Iterable[tuple[str, DecodeSpec]],
+  draft: ModelConfig,
+  target: ModelConfig,
+  where: Build,
+  *,
+  batch: int,
+  prompt_width: int,
+  progress=None,
+) -> list[CellBuild]:
+  """Compiles each distinct program of `specs` ((cell label, spec) pairs: a sweep's
+  cells) for `where` and reads it (`program_report`); a program that does not fit the
+  chip's HBM, or that the compiler refuses for memory, is refused (`CellBuild.refused`).
+  `progress(build)` is called after each."""
+  grouped: dict[Any, tuple[DecodeSpec, list[str]]] = {}
+  for cell, spec in specs:
+    key = engine.round_spec(spec, draft if spec.speculative else None, target)
+    grouped.setdefault(key, (spec, []))[1].append(cell)
+  builds = []
+  for spec, cells in grouped.values():
+    try:
+      report = program_report(spec, draft, target, where, batch=batch, prompt_width=prompt_width)
+    except jax.errors.JaxRuntimeError as error:
+      if "RESOURCE_EXHAUSTED" not in str(error) and "out of memory" not in str(error).lower():
+        raise
+      needed = str(error).strip().splitlines()[0][:300]
+      refused = _refusal(spec, draft, target, where, batch, prompt_width, needed)
+      builds.append(CellBuild(tuple(cells), None, refused))
+    else:
+      refused = ""
+      if not report.fits:
+        needed = f"needs {report.peak_bytes / GB:.2f} GB"
+        refused = _refusal(spec, draft, target, where, batch, prompt_width, needed)
+      builds.append(CellBuild(tuple(cells), report, refused))
+    if progress is not None:
+      progress(builds[-1])
+  return builds

@@ -33,8 +33,8 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from spectr_jax import checks, engine, locks, memory, methods, pairs, results, runs, sharding
-from spectr_jax.config import DecodeSettings, SweepConfig, resolve, rhos_for
-from spectr_jax.data import make_prompts
+from spectr_jax.config import DecodeSettings, DecodeSpec, SweepConfig, resolve, rhos_for
+from spectr_jax.data import EOS_ID, make_prompts
 from spectr_jax.models import ModelConfig, param_axes
 
 
@@ -136,6 +136,12 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
   return cells
 
 
+def cell_spec(cell: Cell, eos_ids: Sequence[int] = (EOS_ID,)) -> DecodeSpec:
+  """The `DecodeSpec` a cell decodes (`eos_ids`: the pair's stop tokens)."""
+  rho = "star" if cell.rho is None else cell.rho
+  return cell.decoding.spec(cell.method, cell.num_drafts, cell.draft_len, rho, eos_ids)
+
+
 def _stats_record(stats_list: Sequence[engine.DecodeStats], rows: Sequence[int]) -> dict:
   """Per-prompt counts (for the bootstrap) and per-position totals of a cell's batches."""
   stats = jax.tree.map(
@@ -183,8 +189,7 @@ def run_cell(
     pair.heldout, settings.num_prompts, settings.prompt_len, cell.seed, pair.special
   )
   starts = range(0, settings.num_prompts, batch_size)
-  rho = "star" if cell.rho is None else cell.rho
-  spec = settings.spec(cell.method, cell.num_drafts, cell.draft_len, rho, pair.special.eos)
+  spec = cell_spec(cell, pair.special.eos)
 
   def decode(start):
     index = np.arange(start, start + batch_size) % settings.num_prompts

@@ -34,7 +34,6 @@ from spectr_jax.models import (
   ModelBundle,
   count_params,
   load_pretrained,
-  param_axes,
   unstack_layers,
 )
 
@@ -184,7 +183,7 @@ def load_model(
   path = pathlib.Path(directory).expanduser()
   config = path / "config.json"
   if config.is_file() and "model_type" in json.loads(config.read_text()):
-    return load_pretrained(path, dtype=dtype, mesh=mesh).for_decoding()
+    return load_pretrained(path, dtype=dtype, mesh=mesh).placed(mesh)
   return runs.load_bundle(path, mesh=mesh, for_decoding=True)
 
 
@@ -250,12 +249,7 @@ def _pretrained_pair(config: PairConfig, mesh: jax.sharding.Mesh | None) -> Pair
 
 
 def shard(pair: Pair, mesh: jax.sharding.Mesh) -> Pair:
-  """The pair with both models' parameters placed on `mesh` by `sharding.RULES` (restored
+  """The pair with both models' parameters placed on `mesh` as a decode there holds them
+  (`ModelBundle.placed`: by `sharding.RULES`, on a TPU in its matmuls' layouts; restored
   checkpoints sit on one device, which a computation over the whole mesh cannot take)."""
-  draft, target = (
-    ModelBundle(
-      m.config, sharding.shard_params(m.params, mesh, axes=param_axes(m.config, m.params))
-    )
-    for m in (pair.draft, pair.target)
-  )
-  return dataclasses.replace(pair, draft=draft, target=target)
+  return dataclasses.replace(pair, draft=pair.draft.placed(mesh), target=pair.target.placed(mesh))

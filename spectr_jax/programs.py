@@ -352,7 +352,9 @@ def parameter_converts(
   return found
 
 
-_PLUMBING = re.compile(r"^(?:jit\(.*\)|vmap\(.*\)|while|body|cond|closed_call|branch_\d+_fun)$")
+_PLUMBING = re.compile(
+  r"^(?:jit\(.*\)|vmap\(.*\)|shard_map|while|body|cond|closed_call|branch_\d+_fun)$"
+)
 
 
 def scope(op_name: str) -> str:
@@ -635,13 +637,16 @@ def round_costs(module: Module) -> Costs:
 
 
 def weight_copies(
-  module: Module, shapes: Iterable[tuple[int, ...]], stacked: Iterable[tuple[int, ...]] = ()
+  module: Module,
+  shapes: Iterable[tuple[int, ...]],
+  stacked: Iterable[tuple[int, ...]] = (),
+  min_bytes: int = 2**20,
 ) -> list[Instruction]:
   """Kernels of the compiled module that copy, transpose or convert a weight: a copy,
-  transpose or convert (or a fusion whose root is one) whose result in device memory has
-  one of the parameters' `shapes`, or one layer of a `stacked` parameter (its shape
-  without the leading layer axis). A TPU's staging copies into on-chip memory are not
-  counted."""
+  transpose or convert (or a fusion whose root is one) of at least `min_bytes` whose
+  result in device memory has one of the parameters' `shapes`, or one layer of a
+  `stacked` parameter (its shape without the leading layer axis). A TPU's staging copies
+  into on-chip memory are not counted."""
   wanted = {tuple(s) for s in shapes} | {tuple(s[1:]) for s in stacked}
   found = []
   for name in executed_computations(module):
@@ -654,7 +659,7 @@ def weight_copies(
       if opcode not in ("copy", "transpose", "convert"):
         continue
       shape = shape_of(i.type)
-      if shape is not None and shape[1] in wanted and array_bytes(i.type, hbm_only=True):
+      if shape is not None and shape[1] in wanted and array_bytes(i.type, True) >= min_bytes:
         found.append(i)
   return found
 

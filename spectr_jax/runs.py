@@ -201,7 +201,7 @@ def load_bundle(
   if per_layer:
     params = jax.device_put(_stacked(params, model_config), placements)
   bundle = ModelBundle(config=model_config, params=params)
-  return bundle.for_decoding() if for_decoding else bundle
+  return bundle.placed(mesh) if for_decoding else bundle
 
 
 def _saved_per_layer(manager: ocp.CheckpointManager, step: int) -> bool:

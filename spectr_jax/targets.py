@@ -104,6 +104,9 @@ class Target:
         raise RuntimeError(
           f"target {self.name} needs libtpu: pip install -e '.[tpu]' (about 700 MB)"
         ) from None
+      # libtpu takes a lock file per host; compile-only use needs no TPU, so several
+      # processes (test workers, a report beside a sweep) may load it at once.
+      os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
       return list(topologies.get_topology_desc(self.topology, platform="tpu").devices)
     try:
       import jax_plugins.xla_cuda12  # noqa: F401

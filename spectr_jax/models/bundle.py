@@ -8,7 +8,8 @@ import jax
 import numpy as np
 from flax import struct
 
-from spectr_jax.models import layout
+from spectr_jax import sharding
+from spectr_jax.models import layout, placement
 from spectr_jax.models.config import ModelConfig
 from spectr_jax.models.protocol import Decoder, decoder
 from spectr_jax.models.transformer import Transformer
@@ -38,6 +39,15 @@ class ModelBundle:
     `scan_layers` and `platform` as there; a no-op where it already is)."""
     params = layout.for_decoding(self.params, self.config, scan_layers, platform)
     return self.replace(params=params)
+
+  def placed(self, mesh: jax.sharding.Mesh | None = None) -> "ModelBundle":
+    """The bundle as a decode on `mesh` holds it (without a mesh: on this process's
+    default device): `for_decoding` for its platform, the parameters where
+    `placement.decode_placement` puts them (on a TPU, in the layouts the matmuls want),
+    so no call of `engine.generate` converts or moves them."""
+    bundle = self.for_decoding(platform=placement.platform_of(mesh))
+    where = placement.decode_placement(self.config, bundle.params, mesh)
+    return bundle if where is None else bundle.replace(params=sharding.put(bundle.params, where))
 
   @property
   def model(self) -> Transformer:

@@ -43,12 +43,13 @@ SCAN_MIN_LAYERS = 8
 
 def scans(config: ModelConfig, scan_layers: bool | None = None, platform: str = "") -> bool:
   """Whether a model of `config` runs its stack under `lax.scan`: `scan_layers`, or when
-  None, on a GPU never (there each layer of a scanned stack is sliced out of the stacked
-  weights by a copy, every call, and the loop's thunks fall outside the CUDA graphs the
-  round runs in: docs/ACCELERATORS.md), elsewhere when it has at least `SCAN_MIN_LAYERS`
-  layers."""
+  None: on a GPU (`platform`; "" = this process's default backend) never (there each
+  layer of a scanned stack is sliced out of the stacked weights by a copy, every call,
+  and the loop's thunks fall outside the CUDA graph the round runs in), elsewhere when it
+  has at least `SCAN_MIN_LAYERS` layers (docs/ACCELERATORS.md)."""
   if scan_layers is not None:
     return bool(scan_layers)
+  platform = platform or jax.default_backend()
   return platform not in ("gpu", "cuda", "rocm") and config.num_layers >= SCAN_MIN_LAYERS
 
 
