@@ -133,11 +133,11 @@ def parse(name: str) -> Target:
   chip = CHIPS[parts[1]]
   if chip.platform == "gpu":
     if len(parts) == 3 and parts[2] not in ("1", "1x1x1"):
-      raise ValueError(f"GPU targets are one GPU ({chip.platform}:{chip.key}), got {name!r}")
+      raise ValueError(f"GPU targets are one GPU ({chip.platform}:{chip.key}), got target {name!r}")
     return Target(name, chip, "1x1x1")
   topology = parts[2] if len(parts) == 3 else _DEFAULT_TPU_TOPOLOGY[chip.key]
   if not re.fullmatch(r"\d+(x\d+){1,2}", topology):
-    raise ValueError(f"TPU topology must be like 2x2 or 2x2x1, got {topology!r} in {name!r}")
+    raise ValueError(f"TPU topology must be like 2x2 or 2x2x1, got {topology!r} in target {name!r}")
   return Target(name, chip, f"{chip.key}:{topology}")
 
 

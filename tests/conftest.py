@@ -84,7 +84,7 @@ HEAVY_FILES = {
   "test_draft_tree.py": 72, "test_optimal.py": 69, "test_engine_check.py": 67,
   "test_adaptive.py": 52, "test_train.py": 49, "test_engine_memory.py": 48,
   "test_distill.py": 47, "test_locks.py": 45, "test_models.py": 41,
-  "test_node_budget.py": 38,
+  "test_node_budget.py": 38, "test_accelerators.py": 105,
 }  # fmt: skip
 
 

@@ -524,3 +524,36 @@ def test_a_raw_prng_key_decodes_as_its_typed_key(models):
   raw = engine.generate(jax.random.PRNGKey(0), spec, **kw)
   typed = engine.generate(jax.random.key(0), spec, **kw)
   np.testing.assert_array_equal(raw.tokens_BxT, typed.tokens_BxT)
+
+
+def test_abstract_parameters_lower_and_are_not_run(models):
+  """`engine.lower` takes parameters as `jax.ShapeDtypeStruct`s (and abstract prompts):
+  the program is the one concrete arguments build; `generate` refuses them, naming
+  `lower`; `lower_round` builds one round of it (the state donated, its caches updated in
+  place)."""
+  draft, target = models
+  spec = DecodeSpec("kseq", 2, 2, max_new_tokens=6)
+  prompts, lengths = jnp.ones((2, 3), jnp.int32), jnp.full((2,), 3, jnp.int32)
+  shapes = functools.partial(jax.tree.map, lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype))
+  abstract = {
+    "draft": draft.replace(params=shapes(draft.params)),
+    "target": target.replace(params=shapes(target.params)),
+  }
+  rows = dict(prompts=shapes(prompts), prompt_lengths=shapes(lengths))
+  key = jax.random.key(0)
+  concrete = engine.lower(
+    key, spec, draft=draft, target=target, prompts=prompts, prompt_lengths=lengths
+  ).compile()
+  compiled = engine.lower(key, spec, **abstract, **rows).compile()
+  # The same program: the same arguments and buffers, the same instructions.
+  stats = [p.memory_analysis() for p in (concrete, compiled)]
+  assert stats[0].argument_size_in_bytes == stats[1].argument_size_in_bytes
+  assert stats[0].temp_size_in_bytes == stats[1].temp_size_in_bytes
+  count = programs.count_instructions
+  assert count(programs.parse(compiled.as_text())) == count(programs.parse(concrete.as_text()))
+  with pytest.raises(ValueError, match="engine.lower"):
+    engine.generate(key, spec, **abstract, prompts=prompts, prompt_lengths=lengths)
+  round_ = engine.lower_round(key, spec, **abstract, **rows).compile()
+  flow = programs.control_flow(programs.parse(round_.as_text()))
+  assert all(not c.data_dependent for c in flow)  # one round: no loop of rounds
+  assert round_.memory_analysis().alias_size_in_bytes > 0  # the state updated in place

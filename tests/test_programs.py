@@ -85,3 +85,127 @@ ENTRY %main.9 (Arg_0.1: f32[3,4]) -> bf16[3,4] {
   assert convert.operands == ("Arg_0.1",) and inside is False
   assert programs.scope(convert.op_name) == "score"
   assert programs.shape_of("f32[]") == ("f32", ())
+
+
+_COUNTED = """HloModule m, entry_computation_layout={()->f32[]}
+
+%cond (p: (s32[], f32[4])) -> pred[] {
+  %p = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(LIMIT)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (q: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %q = (s32[], f32[4]{0}) parameter(0)
+  %j = s32[] get-tuple-element(%q), index=0
+  %j2 = s32[] copy(%j)
+  %one = s32[] constant(STEP)
+  %next = s32[] add(%j2, %one)
+  %x = f32[4]{0} get-tuple-element(%q), index=1
+  %y = f32[4]{0} sine(%x)
+  ROOT %t = (s32[], f32[4]{0}) tuple(%next, %y)
+}
+
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0)
+  %zero = s32[] constant(START)
+  %start = s32[] copy(%zero)
+  %init = (s32[], f32[4]{0}) tuple(%start, %a)
+  %w = (s32[], f32[4]{0}) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[4]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+@pytest.mark.parametrize(
+  "limit, step, start, trips", [(20, 1, 0, 20), (20, 1, 3, 17), (20, 2, 0, None), (0, 1, 5, 0)]
+)
+def test_trip_count_of_a_counted_loop_without_a_known_count(limit, step, start, trips):
+  """A compiled TPU module's loops carry no trip count: a loop whose condition compares a
+  counter with a constant, the body adding one to it (through copies) and the loop
+  starting it at a constant, runs limit - start times; any other loop is data-dependent."""
+  text = _COUNTED.replace("LIMIT", str(limit)).replace("STEP", str(step))
+  module = programs.parse(text.replace("START", str(start)))
+  (loop,) = [i for i in module.instructions() if i.opcode == "while"]
+  assert programs.trip_count(module, loop) == trips
+  (flow,) = programs.control_flow(module)
+  assert flow.data_dependent == (trips is None)
+
+
+def test_costs_of_a_round_count_loops_by_their_trips():
+  """The per-round costs read from a compiled program: a scan over 5 layers of a stacked
+  weight counts 5 matmuls' flops and reads each layer once (the fused slice, not the
+  stack); the same program unrolled (`loops.unrolled`) costs the same."""
+  from spectr_jax import loops
+
+  w = jnp.ones((5, 64, 64))
+  x = jnp.ones((8, 64))
+
+  def f(w, x, n):
+    def layer(x, w_l):
+      return jnp.tanh(x @ w_l), None
+
+    def body(c):
+      return c[0] + 1, loops.scan(layer, c[1], w)[0]
+
+    return jax.lax.while_loop(lambda c: c[0] < n, body, (0, x))[1]
+
+  flops = 5 * 2 * 8 * 64 * 64
+  module = programs.parse(jax.jit(f).lower(w, x, jnp.int32(3)).compile().as_text())
+  looped = programs.round_costs(module)
+  assert looped.flops == flops and looped.unknown_loops == 0
+  # Each layer's slice (on this CPU a copy, then the matmul's read) and the activations:
+  # below one read of the whole stack per layer.
+  assert w.nbytes <= looped.hbm_bytes < 5 * w.nbytes
+  with loops.unrolled():
+    lowered = jax.jit(lambda w, x: loops.scan(lambda x, w_l: (jnp.tanh(x @ w_l), None), x, w)[0])
+    unrolled = programs.parse(lowered.lower(w, x).compile().as_text())
+  assert not [c for c in programs.control_flow(unrolled) if c.kind == "while"]
+  assert programs.computation_costs(unrolled, unrolled.entry).flops == flops
+
+
+def test_weight_copies_find_a_converted_weight():
+  """A weight converted to bfloat16 inside a program is a weight-sized copy (on this CPU
+  converted back to float32 for the matmul: one fusion of 1 MiB); copies smaller than
+  `min_bytes` are not counted."""
+  w = jnp.ones((512, 512))
+  text = jax.jit(lambda w, x: x @ w.astype(jnp.bfloat16)).lower(w, jnp.ones((4, 512), jnp.bfloat16))
+  module = programs.parse(text.compile().as_text())
+  assert len(programs.weight_copies(module, [w.shape], min_bytes=2**16)) == 1
+  assert programs.weight_copies(module, [w.shape], min_bytes=2 * w.nbytes) == []
+
+
+_THUNKS = """000: kCommandBuffer [source | next=004 (1)]
+    001: kCustomKernel [source | sink] loop_fusion grid: [1, 1, 1]
+004: kWhile [prev=000 (1) | sink]
+condition:
+    005: kCustomKernel [source | sink] wrapped_compare grid: [1, 1, 1]
+  body:
+    000: kCommandBuffer [source | next=009 (1)]
+        006: kCustomKernel [source | sink] gemm_fusion_dot grid: [16, 1, 1]
+        007: kCustomKernel [source | sink] loop_add_fusion grid: [1, 1, 1]
+    009: kWhile [prev=000 (1) | sink]
+condition:
+        010: kCustomKernel [source | sink] loop_compare grid: [1, 1, 1]
+      body:
+        011: kCopy [source | sink] kCopy
+        012: kCustomKernel [source | sink] loop_slice grid: [1, 1, 1]
+"""
+
+
+def test_gpu_execution_from_a_thunk_sequence():
+  """The loop of rounds runs on the host here (a kWhile outside any command buffer), one
+  inner loop too: per round the host decides twice (the two loops) and launches five
+  thunks (the two conditions' kernels, one command buffer, the inner loop's two), and 2
+  of the round's 6 kernels are in a graph; a loop inside a command buffer is a graph's
+  (device-side) loop."""
+  execution = programs.gpu_execution(programs.parse_thunks(_THUNKS))
+  assert execution == programs.GpuExecution(False, 2, 5, 6, 2 / 6)
+  graphed = "000: kCommandBuffer [source | sink]\n" + "\n".join(
+    "    " + line if line.strip() and not line.startswith("condition") else line
+    for line in _THUNKS.splitlines()
+  )
+  execution = programs.gpu_execution(programs.parse_thunks(graphed))
+  assert execution.round_loop_in_graph and execution.host_waits == 0 and execution.launches == 0
+  assert execution.in_graphs == 1.0
