@@ -8,7 +8,10 @@ step (one token on K tails), the target call (K (L + 1) positions per row), the 
 and 8 x 8; `config.DecodeSpec.parse`'s method[/drafting]:K:L[:branching], rows named by
 `DecodeSpec.label`) with tails and with dedup (a scored token tree). Each row shows the
 measured ms, the roofline ms, measured / roofline and the seconds its program took to
-compile.
+compile; each round and step also its time under the model of the compile-only report
+(`scripts/program_report.py --target`, docs/ACCELERATORS.md: the round program's HBM
+bytes and flops on this chip's published bandwidth and peak, plus on a GPU its kernels
+times `metrics.GPU_KERNEL_S`), and measured / model, on a chip of `targets.CHIPS`.
 
 The roofline of a program is the sum over its model calls of max(bytes read / the copy
 bandwidth, FLOPs / the matmul throughput), both ceilings measured first on the device (a
@@ -51,7 +54,7 @@ import numpy as np
 from absl import app, flags
 from bench_device import random_pair
 
-from spectr_jax import engine, tables, verify
+from spectr_jax import dryrun, engine, sharding, tables, targets, verify
 from spectr_jax.config import DecodeSpec
 from spectr_jax.models import init_params
 from spectr_jax.timing import interleaved_medians, median_seconds, seconds_per_round
@@ -68,6 +71,8 @@ COLS = [
   ("compile_s", "compile s", "{:.1f}"),
   ("share", "walk / round", "{:.1%}"),
   ("projected", "projected speedup (B = 1)", "{:.2f}x"),
+  ("model_ms", "model ms", "{:.3f}"),
+  ("measured_model", "measured / model", "{:.2f}"),
 ]
 
 # The script's own flags when run; private ones when imported (tests: bench_roofline.FLAGS).
@@ -84,6 +89,10 @@ _MAX_NEW_TOKENS = flags.DEFINE_integer(
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats.", flag_values=FLAGS)
 _BLOCK_EFFICIENCY = flags.DEFINE_string(
   "block_efficiency", BLOCK_EFFICIENCY, "config=efficiency,... of the projected speedup.",
+  flag_values=FLAGS,
+)  # fmt: skip
+_MODEL = flags.DEFINE_bool(
+  "model", True, "Also each round's time under the compile-only model (its compiles).",
   flag_values=FLAGS,
 )  # fmt: skip
 _JSON = flags.DEFINE_string(
@@ -197,6 +206,24 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
   return None if numerator is None or denominator is None else numerator / denominator
 
 
+def model_ms(spec: DecodeSpec, draft, target, batch: int, prompt_len: int) -> float | None:
+  """The round (or step) of `spec` under `metrics.roofline_seconds` on this device's chip
+  (`spectr_jax.dryrun`: its program compiled here, its HBM bytes and flops per round, on a
+  GPU its kernels), in ms; None on a device not in `targets.CHIPS` (a CPU)."""
+  device = jax.devices()[0]
+  chip = targets.chip_of(device)
+  if chip is None or not _MODEL.value:
+    return None
+  target_name = f"{chip.platform}:{chip.key}"
+  where = dryrun.Build(targets.Target(target_name, chip, ""), sharding.make_mesh(1, 1, [device]))
+  common = dict(batch=batch, prompt_width=prompt_len)
+  report = dryrun.program_report(spec, draft.config, target.config, where, **common)
+  seconds = dryrun.round_report(
+    spec, draft.config, target.config, where, kernels=report.kernels_per_round, **common
+  ).seconds
+  return 1e3 * seconds
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
@@ -243,8 +270,10 @@ def main(argv):
     ar = DecodeSpec("autoregressive", max_new_tokens=max_new_tokens)
     ar_ms, compile_s = round_ms(run, ar, repeats)
     ar_roof = 1e3 * roofline_s([call_cost(target, b, 1, context)], bandwidth, flops)
+    model = model_ms(ar, draft, target, b, prompt_len)
     record(dict(batch=b, row="autoregressive step", ms=ar_ms, roofline_ms=ar_roof,
-                ratio=ratio(ar_ms, ar_roof), compile_s=compile_s))  # fmt: skip
+                ratio=ratio(ar_ms, ar_roof), compile_s=compile_s, model_ms=model,
+                measured_model=ratio(ar_ms, model)))  # fmt: skip
     for spec in specs:
       k, length, name = spec.num_drafts, spec.draft_len, spec.replace(dedup=False).label()
       draft_cost = call_cost(draft, b, k, context)
@@ -278,6 +307,8 @@ def main(argv):
                    share=ratio(walk_ms, ms))  # fmt: skip
         if b == 1 and name in efficiency:
           row["projected"] = ratio(efficiency[name] * ar_ms if ar_ms else None, ms)
+        model = model_ms(spec.replace(dedup=dedup), draft, target, b, prompt_len)
+        row.update(model_ms=model, measured_model=ratio(ms, model))
         record(row)
   print(f"\n{tables.markdown(rows, COLS)}\n")
   if any(r["ms"] is None for r in rows):

@@ -23,7 +23,7 @@ import re
 
 import jax
 
-__all__ = ["CHIPS", "Chip", "Target", "parse", "use_cpu_host"]
+__all__ = ["CHIPS", "Chip", "Target", "chip_of", "parse", "use_cpu_host"]
 
 GIB = 2**30
 _CONFIGS = pathlib.Path(__file__).parent / "target_configs"
@@ -139,6 +139,22 @@ def parse(name: str) -> Target:
   if not re.fullmatch(r"\d+(x\d+){1,2}", topology):
     raise ValueError(f"TPU topology must be like 2x2 or 2x2x1, got {topology!r} in target {name!r}")
   return Target(name, chip, f"{chip.key}:{topology}")
+
+
+# Device kinds as JAX reports them -> chip keys (the longest match wins).
+_DEVICE_KINDS = {
+  "tpu v4": "v4", "tpu v5 lite": "v5e", "tpu v5e": "v5e", "tpu v5": "v5p", "tpu v5p": "v5p",
+  "tpu v6 lite": "v6e", "tpu v6e": "v6e", "a100": "a100", "h100": "h100", "h200": "h200",
+  "b200": "b200",
+}  # fmt: skip
+
+
+def chip_of(device: jax.Device) -> Chip | None:
+  """The chip of a device (a compile-only one, or one this process runs on) by its
+  `device_kind`, None for one not in `CHIPS` (a CPU)."""
+  kind = device.device_kind.lower()
+  found = [k for k in _DEVICE_KINDS if k in kind]
+  return CHIPS[_DEVICE_KINDS[max(found, key=len)]] if found else None
 
 
 def use_cpu_host() -> None:
