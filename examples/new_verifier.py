@@ -86,20 +86,19 @@ CHAIN = methods.Method(
 
 
 def check(quick: bool) -> None:
-  """Steps 1 and 2: the evidence, as markdown tables."""
+  """Steps 1 and 2: the evidence, as markdown tables (--quick: a smoke test of the steps,
+  one tree per law, where both failures show; else `check_verifier`'s default mode)."""
   from spectr_jax.testing import check_verifier
   from spectr_jax.testing.harness import CASES
 
-  # --quick: one tree per law (the first of `harness.CASES`, where both failures show).
-  light = dict(quick=True, boundary=False, large_vocab=None, cases=CASES[:1] if quick else None)
+  light = dict(quick=True, boundary=False, large_vocab=None, cases=CASES[:1]) if quick else {}
   naive = check_verifier(naive_position, level="token", laws=("iid",), name="naive", **light)
   print(naive.markdown(), "\n")
   assert not naive.passed
-  chain = check_verifier(
-    chain_position, level="token", laws=("iid", "wor"), name="chain",
-    **(light if quick else dict(quick=True, large_samples=8000)),
-  )  # fmt: skip
+  chain = check_verifier(chain_position, level="token", laws=("iid", "wor"), name="chain",
+                         **light)  # fmt: skip
   print(chain.markdown(), "\n")
+  print(chain.power_markdown(), "\n")
   assert {row.law for row in chain.failures} == {"wor"}, "chain: exact for iid, not wor"
 
 

@@ -8,11 +8,13 @@ and bonus tokens, at V = 32000 in float32.
 The pair: a random-weight target (the "target-test" architecture at V tokens, logits
 sharpened to an LLM-like entropy) and a draft of the same architecture whose weights are
 the target's plus Gaussian noise (correlated, not equal: drafts are accepted and
-rejected). `rows` rows of one prompt are decoded for `new_tokens` tokens (in chunks of
-`chunk` rows, one compiled program), and each emitted token y is mapped to its
-randomized probability integral transform under the target's conditional law q(. |
-prompt, earlier tokens): u = Q(y) + U q(y), where Q sums q over the tokens before y in
-one fixed order (the first conditional's, most probable first) and U ~ Uniform(0, 1).
+rejected). `rows` rows, split evenly over several prompts of different lengths and
+contents (`PROMPTS`: the contexts the caches, rollbacks and length rules see differ), are
+decoded for `new_tokens` tokens (in chunks of `chunk` rows, one compiled program per
+prompt width), and each emitted token y is mapped to its randomized probability integral
+transform under the target's conditional law q(. | prompt, earlier tokens): u = Q(y) +
+U q(y), where Q sums q over the tokens before y in one fixed order per prompt (its first
+conditional's, most target-favoured first) and U ~ Uniform(0, 1).
 If the tokens follow the target's law, the u of every row and position are i.i.d.
 Uniform(0, 1) (each is uniform given everything before it), whatever the order; the
 order only sets which departures the bins see best. The rows' u are binned into
@@ -30,11 +32,13 @@ from scipy import stats as sstats
 from spectr_jax import engine, methods
 from spectr_jax.config import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
-from spectr_jax.testing.harness import Report, Row
+from spectr_jax.testing.harness import Report, Row, detectable_tv
 
-__all__ = ["check_engine", "chi_square", "random_pair", "uniforms"]
+__all__ = ["PROMPTS", "check_engine", "chi_square", "random_pair", "uniforms"]
 
 PROMPT = (1, 2, 3, 4)
+# The prompts of `check_engine`: lengths 4, 2 and 7, different tokens.
+PROMPTS = (PROMPT, (7, 3), (5, 9, 11, 2, 8, 13, 6))
 
 
 def random_pair(
@@ -62,20 +66,25 @@ def random_pair(
   return draft, ModelBundle(config, params)
 
 
-def _decode(spec: DecodeSpec, draft, target, key, rows: int, chunk: int):
-  """(tokens_RxT, tokens per round of each row) of `rows` rows of PROMPT, `chunk` rows
-  per call."""
-  prompts = jnp.tile(jnp.asarray([PROMPT], jnp.int32), (chunk, 1))
-  lengths = jnp.full((chunk,), len(PROMPT), jnp.int32)
+def _decode(spec: DecodeSpec, draft, target, key, rows: int, chunk: int, prompts=(PROMPT,)):
+  """(tokens_RxT, tokens per round of each row) of `rows` rows, row i decoding prompt
+  i mod len(prompts) (right-padded to one width: one compiled program), `chunk` rows per
+  call."""
+  width = max(map(len, prompts))
+  table = np.zeros((len(prompts), width), np.int32)
+  for i, prompt in enumerate(prompts):
+    table[i, : len(prompt)] = prompt
+  lengths = np.asarray([len(p) for p in prompts], np.int32)
   tokens, per_round = [], []
   for i in range(math.ceil(rows / chunk)):
+    which = np.arange(i * chunk, (i + 1) * chunk) % len(prompts)
     out = engine.generate(
       jax.random.fold_in(key, i),
       spec,
       draft=draft,
       target=target,
-      prompts=prompts,
-      prompt_lengths=lengths,
+      prompts=jnp.asarray(table[which]),
+      prompt_lengths=jnp.asarray(lengths[which]),
     )
     tokens.append(np.asarray(out.tokens_BxT))
     rounds_B = np.maximum(np.asarray(out.stats.rounds_B, np.float64), 1.0)
@@ -87,27 +96,27 @@ def _last_logits(model, seq_BxS):
   return model.model.apply({"params": model.params}, seq_BxS)[:, -1].astype(jnp.float32)
 
 
-def token_order(draft, target):
-  """Every token, most target-favoured first: by log q - log p after PROMPT (where a
+def token_order(draft, target, prompt=PROMPT):
+  """Every token, most target-favoured first: by log q - log p after `prompt` (where a
   verifier's acceptance and residual act, so where their mistakes show)."""
-  prompt = jnp.asarray([PROMPT], jnp.int32)
+  prompt = jnp.asarray([prompt], jnp.int32)
   log_q = jax.nn.log_softmax(_last_logits(target, prompt)[0])
   log_p = jax.nn.log_softmax(_last_logits(draft, prompt)[0])
   return jnp.argsort(-(log_q - log_p))
 
 
-def uniforms(target, tokens_RxT, key, order_V, chunk: int = 256):
-  """The randomized probability integral transform of every token under its target
-  conditional, tokens in `order_V` (module docstring): u_RxT, and whether any token had
-  q = 0."""
+def uniforms(target, tokens_RxT, key, order_V, chunk: int = 256, prompt=PROMPT):
+  """The randomized probability integral transform of every token after `prompt` under
+  its target conditional, tokens in `order_V` (module docstring): u_RxT, and whether any
+  token had q = 0."""
   rows = tokens_RxT.shape[0]
   rank_V = jnp.argsort(order_V)
 
   @jax.jit
   def transform(seq_BxS, key):
     logits = target.model.apply({"params": target.params}, seq_BxS)
-    q_BxTxV = jax.nn.softmax(logits[:, len(PROMPT) - 1 : -1].astype(jnp.float32), -1)
-    y_BxT = seq_BxS[:, len(PROMPT) :]
+    q_BxTxV = jax.nn.softmax(logits[:, len(prompt) - 1 : -1].astype(jnp.float32), -1)
+    y_BxT = seq_BxS[:, len(prompt) :]
     q_y_BxT = jnp.take_along_axis(q_BxTxV, y_BxT[..., None], -1)[..., 0]
     # Q(y): the mass of the tokens ranked before y.
     before_BxTxV = rank_V < rank_V[y_BxT][..., None]
@@ -115,8 +124,8 @@ def uniforms(target, tokens_RxT, key, order_V, chunk: int = 256):
     u_BxT = cdf_BxT + jax.random.uniform(key, y_BxT.shape) * q_y_BxT
     return jnp.clip(u_BxT, 0.0, 1.0), jnp.any(q_y_BxT <= 0)
 
-  prompt = np.broadcast_to(np.asarray(PROMPT, np.int32), (rows, len(PROMPT)))
-  seq = np.hstack([prompt, tokens_RxT]).astype(np.int32)
+  prompts = np.broadcast_to(np.asarray(prompt, np.int32), (rows, len(prompt)))
+  seq = np.hstack([prompts, tokens_RxT]).astype(np.int32)
   out, zero = [], False
   for start in range(0, rows, chunk):
     block = seq[start : start + chunk]
@@ -150,6 +159,7 @@ def check_engine(
   seed: int = 0,
   alpha: float = 1e-3,
   pair=None,
+  prompts=PROMPTS,
   **settings,
 ) -> Report:
   """Checks that the registered `method` decodes the target's law through the engine at
@@ -161,40 +171,60 @@ def check_engine(
     num_drafts, draft_len: K and L of its rounds (K capped at the method's largest).
     new_tokens: tokens decoded per row (several rounds: rollback and bonus tokens).
     vocab: V of the random pair.
-    rows: rows decoded per law; chunk: rows per engine call.
+    rows: rows decoded per law (split evenly over the prompts); chunk: rows per engine
+      call (at most the rows of a prompt).
     num_bins: bins of the transformed tokens' chi-square.
     seed: the pair's weights and the keys.
     alpha: the report's false-alarm budget (Bonferroni over its tests).
     pair: (draft, target) to use instead of `random_pair(vocab, seed)`.
+    prompts: the prompts (token ids; `PROMPTS` by default).
     **settings: other `DecodeSpec` fields of the decode, e.g. adaptive=0.3 (adaptive
       draft length) or dedup=True, node_budget=4.0 (the batch's tree budget, shared by
       the rows of each engine call of `chunk` rows).
 
   Returns:
     A `harness.Report`: per law, one row over all positions ("engine V..., every
-    token") and one per position, with the engine's tokens per round.
+    token") and one per position (pooled over the prompts), with the engine's tokens per
+    round and the total variation between the binned laws each row detects
+    (`harness.detectable_tv`).
   """
   record = methods.get(method)
   if not record.speculative:
     raise ValueError(f"method {method!r} verifies no drafts: nothing to check")
-  if rows < num_bins * 5:
-    raise ValueError(f"rows={rows}: at least 5 per bin ({num_bins * 5}) for the chi-square")
+  if rows < num_bins * 5 * len(prompts):
+    raise ValueError(
+      f"rows={rows}: at least 5 per bin and prompt ({num_bins * 5 * len(prompts)}) for the "
+      "chi-square"
+    )
   k = min(num_drafts, record.max_drafts or num_drafts)
   laws = record.exact_for if k > 1 else (record.drafting,)
   draft, target = pair if pair is not None else random_pair(vocab, seed)
   key = jax.random.key(seed)
-  order_V = token_order(draft, target)
+  orders = [token_order(draft, target, prompt) for prompt in prompts]
+  num_tests = len(laws) * (1 + new_tokens)
+  level = alpha / num_tests
   rows_out, pvalues = [], []
   for li, law in enumerate(laws):
     spec = DecodeSpec(method, k, draft_len, max_new_tokens=new_tokens, drafting=law, **settings)
-    tokens, per_round = _decode(spec, draft, target, jax.random.fold_in(key, li), rows, chunk)
-    u_RxT, zero = uniforms(target, tokens, jax.random.fold_in(key, 100 + li), order_V, chunk)
+    law_key = jax.random.fold_in(key, li)
+    tokens, per_round = _decode(spec, draft, target, law_key, rows, chunk, prompts)
+    us, zero = [], False
+    for pi, (prompt, order_V) in enumerate(zip(prompts, orders, strict=True)):
+      u_RxT, z = uniforms(
+        target, tokens[pi :: len(prompts)], jax.random.fold_in(law_key, 100 + pi), order_V,
+        chunk, prompt,
+      )  # fmt: skip
+      us.append(u_RxT)
+      zero |= z
+    u_RxT = np.concatenate(us)
     what = [("every token", u_RxT.ravel())]
     what += [(f"token {t + 1}", u_RxT[:, t]) for t in range(new_tokens)]
     for label, u in what:
       row = Row(f"engine V{target.config.num_logits} {label}", law, k, draft_len,
                 target.config.num_logits, "engine", "", tokens=float(per_round.mean()),
-                tokens_se=float(per_round.std(ddof=1) / math.sqrt(per_round.size)))  # fmt: skip
+                tokens_se=float(per_round.std(ddof=1) / math.sqrt(per_round.size)),
+                detects=detectable_tv(u.size, num_bins - 1, level),
+                effective_draws=float(u.size), df=num_bins - 1)  # fmt: skip
       if zero:
         row.statistic, row.pvalue, row.passed = "a token of q = 0", 0.0, False
         row.why = "a token of target probability 0"
@@ -202,7 +232,6 @@ def check_engine(
         row.statistic, row.pvalue = chi_square(u, num_bins)
       rows_out.append(row)
       pvalues.append(row.pvalue)
-  level = alpha / len(pvalues)
   for row, pvalue in zip(rows_out, pvalues, strict=True):
     if pvalue < level and row.passed:
       row.passed, row.why = False, "law"

@@ -2,30 +2,40 @@
 
 A verifier is exact for a drafting law when, for drafts drawn by that law, its emitted
 tokens completed by target draws follow the target's sequence law. `check_verifier` runs
-three kinds of checks per law and returns a `Report` (one row per case, a markdown table):
+three kinds of checks per law and returns a `Report` (one row per case, a markdown table,
+and what each row would detect):
 
 - "law": small random trees (V = 2-4, L = 1-3, K = 1-4; dense, sparse, one-hot targets,
   tied ratios q = p, p = 0 where q > 0, q = 0 where p > 0). What is ENUMERATED: every
   draft tuple the law can draw, with its exact probability w_t (i.i.d.: every ordered
   K-tuple of paths with p > 0; "wor": every ordered tuple of paths of the default static
-  tree (K, 1, ..., 1), `wor_reference.static_tree_law`). What is SAMPLED: for each tuple,
-  the verifier's own randomness under M keys (one jitted, vmapped program per shape),
-  and the target's draws that complete an emitted block to L + 1 tokens. The mixture
-  estimate sum_t w_t P^_t of the completed sequences' law is compared with the target's
-  law (`sequences.target_law`) by a Wald chi-square statistic whose covariance is the
-  exact stratified one, sum_t w_t^2 (diag(P_t) - P_t P_t^T) / M, with P_t estimated
-  (shrunk by one pseudo-observation towards the target's law) and outcomes of small
-  expected count pooled; any mass on an outcome of target probability 0 fails outright.
-  Beside it: the mixture mean of the tokens emitted per round and the LP bound of the
-  law (`block_bound.multiset_bound`): a mean above the bound by more than sampling error
-  (one-sided z-test) shows an inexact rule.
+  tree (K, 1, ..., 1), `wor_reference.static_tree_law`). What is SAMPLED: the verifier's
+  own randomness, M_t draws for tuple t in proportion to w_t (one jitted, vmapped program
+  per shape), and the target's draws that complete an emitted block to L + 1 tokens. The
+  mixture estimate sum_t w_t P^_t of the completed sequences' law is compared with the
+  target's law (`sequences.target_law`) by a Wald chi-square statistic whose covariance
+  is the exact stratified one, sum_t w_t^2 (diag(P_t) - P_t P_t^T) / M_t, with P_t
+  estimated and outcomes of small expected count pooled; any mass on an outcome of
+  target probability 0 fails outright. Beside it: the mixture mean of the tokens emitted
+  per round and the LP bound of the law (`block_bound.multiset_bound`): a mean above the
+  bound by more than sampling error (one-sided z-test) shows an inexact rule.
 - "boundary": one-hot targets with drafts that miss and that hit, every uniform forced
   to 0.0 and to the largest float32 below 1 and every random word to 0 and 2^32 - 1
   (`jax.random.uniform` and `jax.random.bits` patched while the verifier is traced):
   a token of target probability 0 must never be emitted.
-- "chi2-32k": the first token's law at V = 32000 (`sequences.llm_like`; drafts sampled
-  from the law, K i.i.d. or K distinct by Gumbel-top-k), binned into equal-mass bins of
-  the target, Pearson chi-square.
+- "chi2-32k": every position of a block, the bonus included, at V = 32000 (draft and
+  target laws `sequences.llm_like` per depth; drafts drawn by the law), each position's
+  completed token binned into equal-mass bins of its target law, Pearson chi-square.
+
+Power. The harness knows the null law exactly, so what a test detects is computed, not
+hoped for (`detectable_tv`): the smallest total variation from the target law that a row's
+test rejects with probability `POWER` at the report's per-test level, in the worst
+direction. The default mode sizes its draws by it: every case of an informative tree kind
+(`INFORMATIVE`: where a wrong rule changes the law) detects `DETECT_TV` = 0.01, the V =
+32k rows `LARGE_VOCAB_TV` between the binned laws; the one-hot and tie trees (whose law
+most broken rules reproduce) run a fixed number of draws for their boundary behaviour.
+`quick=True` is a smoke test with a few thousand draws per case, and its report says it is
+no evidence (docs/NEW_VERIFIER.md, "What passing means").
 
 False alarms: every statistical test of a report (a law row holds two: the law and the
 bound) rejects at alpha / (number of tests), so a correct verifier fails a report with
@@ -38,11 +48,13 @@ import dataclasses
 import functools
 import itertools
 import math
+import warnings
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy import optimize
 from scipy import stats as sstats
 
 from spectr_jax import block_bound, sampling, verify
@@ -64,6 +76,22 @@ BELOW_ONE = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
 _MIN_EXPECTED = 5.0
 # Enumeration limit: draft tuples per case.
 _MAX_TUPLES = 4096
+# The default mode's power: any law at total variation DETECT_TV or more from the target
+# fails an informative case's law test with probability at least POWER, at the report's
+# per-test level (`detectable_tv`); the large-vocabulary rows detect LARGE_VOCAB_TV
+# between the binned laws.
+DETECT_TV = 0.01
+LARGE_VOCAB_TV = 0.03
+POWER = 0.99
+# Draws of a law case go to its draft tuples in proportion to their probability (the
+# variance of the mixture estimate is then that of as many plain draws), at least this many
+# each, so every tuple's law is estimated.
+MIN_PER_TUPLE = 4
+# Draws of the one-hot and tie cases (their law is the target's under most broken rules
+# too: they check behaviour at the boundary, not power) and of quick mode's cases.
+BOUNDARY_DRAWS = 20_000
+QUICK_DRAWS = 20_000
+QUICK_LARGE_SAMPLES = 4_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +123,9 @@ CASES = (
 )
 QUICK = 6
 TREE_KINDS = ("dense", "sparse", "one-hot", "ties", "p0", "q0")
+# The tree kinds where a wrong rule changes the law: the default mode sizes their cases to
+# detect DETECT_TV.
+INFORMATIVE = ("dense", "sparse", "p0", "q0")
 
 
 def make_tree(rng, case: Case):
@@ -135,6 +166,15 @@ class Row:
   law_error: float | None = None
   passed: bool = True
   why: str = ""
+  # The smallest total variation from the target (law rows; between the binned laws for
+  # chi2-32k rows) that the row's test rejects with probability POWER at the report's
+  # level (`detectable_tv`); None for deterministic rows.
+  detects: float | None = None
+  # What `detects` was computed from: the effective draws, degrees of freedom and the
+  # target mass of the pooled outcomes (a deviation inside them is not seen).
+  effective_draws: float | None = None
+  df: int | None = None
+  pooled_mass: float = 0.0
 
 
 COLUMNS = (
@@ -146,6 +186,7 @@ COLUMNS = (
   "check",
   "statistic",
   "TV",
+  "detects TV >=",
   "p-value",
   "tokens/round",
   "LP bound",
@@ -164,6 +205,7 @@ def _cells(row: Row) -> dict:
     "check": row.kind,
     "statistic": row.statistic,
     "TV": "" if row.law_error is None else f"{row.law_error:.2g}",
+    "detects TV >=": "" if row.detects is None else f"{row.detects:.3g}",
     "p-value": "" if row.pvalue is None else f"{row.pvalue:.3g}",
     "tokens/round": tokens,
     "LP bound": "" if row.bound is None else f"{row.bound:.4f}",
@@ -184,10 +226,31 @@ class Report:
   alpha: float
   rows: list[Row]
   num_tests: int
+  # "default", or "quick" (a smoke test: too few draws to be evidence of exactness).
+  mode: str = "default"
 
   @property
   def level(self) -> float:
     return self.alpha / max(self.num_tests, 1)
+
+  def power(self) -> dict[tuple[str, str], float]:
+    """{(check, tree kind): the largest `Row.detects` of its rows}: any law at that total
+    variation from the target or more fails the check with probability `POWER` (each kind
+    at its worst case); a kind's "law" entry, a chi2-32k row's binned laws."""
+    table: dict[tuple[str, str], float] = {}
+    for row in self.rows:
+      if row.detects is not None:
+        key = (row.kind, row.case.split()[0] if row.kind == "law" else f"position {row.draft_len}")
+        table[key] = max(table.get(key, 0.0), row.detects)
+    return table
+
+  def power_markdown(self) -> str:
+    """`power` as a markdown table (check, tree kind or position, detectable TV)."""
+    cells = [
+      {"check": check, "tree kind": kind, "detects TV >=": f"{tv:.3g}"}
+      for (check, kind), tv in sorted(self.power().items())
+    ]
+    return _markdown(cells, ("check", "tree kind", "detects TV >="))
 
   @property
   def passed(self) -> bool:
@@ -199,11 +262,28 @@ class Report:
 
   def markdown(self) -> str:
     """The rows as a markdown table, under a line naming the verifier and the budget."""
+    informative = [
+      r.detects
+      for r in self.rows
+      if r.kind == "law" and r.case.split()[0] in INFORMATIVE
+      if r.detects is not None
+    ]
+    power = (
+      f"; its law cases detect any law at TV >= {max(informative):.3g} from the target "
+      f"with probability {POWER:g}"
+      if informative
+      else ""
+    )
+    quick = (
+      "QUICK MODE: a smoke test, too few draws to be evidence of exactness. "
+      if self.mode == "quick"
+      else ""
+    )
     head = (
-      f"**{self.name}** for laws {', '.join(self.laws)}: "
+      f"{quick}**{self.name}** for laws {', '.join(self.laws)}: "
       f"{'PASS' if self.passed else f'FAIL ({len(self.failures)} of {len(self.rows)} cases)'}; "
       f"{self.num_tests} tests, each at alpha / {self.num_tests} = {self.level:.2g} "
-      f"(Bonferroni, alpha = {self.alpha:g})"
+      f"(Bonferroni, alpha = {self.alpha:g}){power}"
     )
     cells = [_cells(row) for row in self.rows]
     return head + "\n\n" + _markdown(cells, COLUMNS)
@@ -311,12 +391,12 @@ def _sampler(block_fn: Callable, draft_len: int, vocab: int):
   return jax.jit(jax.vmap(one, (0, 0, 0, 0, None)))
 
 
-def _sample_tuples(sample, key, drafts, p, q, q_tab, samples: int):
-  """(codes_TxM, num_TxM): every tuple's block under M keys, in chunks of `_CHUNK`."""
-  num_tuples = drafts.shape[0]
-  total = num_tuples * samples
+def _sample_tuples(sample, key, drafts, p, q, q_tab, per_tuple):
+  """(codes_N, num_N, tuple_N): per_tuple[t] draws of tuple t's block (each under its
+  own key), in chunks of `_CHUNK`; tuple_N names the tuple of each draw."""
+  index = np.repeat(np.arange(drafts.shape[0]), per_tuple)
+  total = index.size
   keys = jax.random.split(key, total)
-  index = np.repeat(np.arange(num_tuples), samples)
   codes, nums = [], []
   q_tab = jnp.asarray(q_tab, jnp.float32)
   for start in range(0, total, _CHUNK):
@@ -329,50 +409,101 @@ def _sample_tuples(sample, key, drafts, p, q, q_tab, samples: int):
     c, n = sample(rows_keys, drafts[rows], p[rows], q[rows], q_tab)
     codes.append(np.asarray(c)[: _CHUNK - pad])
     nums.append(np.asarray(n)[: _CHUNK - pad])
-  shape = (num_tuples, samples)
-  return np.concatenate(codes).reshape(shape), np.concatenate(nums).reshape(shape)
+  return np.concatenate(codes), np.concatenate(nums), index
 
 
-def _wald(counts_TxO, weights_T, target_O, samples: int):
-  """(statistic, df, pvalue, why) of the stratified mixture against the target law.
+def noncentrality(df: int, level: float, power: float = POWER) -> float:
+  """The noncentrality a chi-square test of `df` degrees of freedom at `level` needs to
+  reject with probability `power` (its statistic noncentral chi-square under an
+  alternative)."""
+  critical = sstats.chi2.isf(level, df)
+  return float(optimize.brentq(lambda lam: sstats.ncx2.sf(critical, df, lam) - power, 0.0, 1e7))
 
-  hat = sum_t w_t n_t / M estimates the mixture law; its covariance is the exact
-  stratified one, sum_t w_t^2 (diag(P_t) - P_t P_t^T) / M, with P_t estimated by n_t / M
-  and, on the diagonal, by (n_t + 2) / (M + 2) (an upper estimate: a cell a heavy
-  stratum happened not to hit would otherwise get variance 0 there; the result is still
-  a covariance, and conservative). Outcomes of expected count below 5 at the effective
-  sample size M / sum_t w_t^2 are pooled into one cell (with the smallest other cell
-  while that one is still below 5); the cells sum to 1, so one is dropped: the Wald
-  statistic d^T Cov^-1 d is chi-square with (cells - 1) degrees of freedom.
+
+def detectable_tv(
+  effective_draws: float, df: int, level: float, power: float = POWER, pooled_mass: float = 0.0
+) -> float:
+  """The smallest total variation from the target law that the law test rejects with
+  probability `power` at `level`, whatever the direction of the deviation.
+
+  The Wald statistic d' Cov^-1 d of the mixture estimate (d its deviation from the
+  target) is noncentral chi-square under an alternative, with noncentrality
+  delta' Cov^-1 delta for the alternative's deviation delta. Cov = sum_t w_t^2 C_t / M_t,
+  C_t a multinomial covariance, and s' C_t s <= 1 for any s of entries +-1 (the variance
+  of a +-1 variable), so with s = sign(delta), Cauchy-Schwarz gives delta' Cov^-1 delta
+  >= (s' delta)^2 / s' Cov s >= (2 TV)^2 n_eff, n_eff = 1 / sum_t (w_t^2 / M_t) (the
+  effective draws). A deviation inside the pooled outcomes (target mass `pooled_mass`)
+  is not seen: it is added. Against the Pearson statistic of B equal-mass bins (n draws)
+  the same bound holds with n_eff = n, the total variation that of the binned laws.
   """
-  hat_O = weights_T @ counts_TxO / samples
+  if df < 1 or effective_draws <= 0:
+    return 1.0
+  return math.sqrt(noncentrality(df, level, power) / (4.0 * effective_draws)) + pooled_mass
+
+
+def draws_for(tv: float, df: int, level: float, power: float = POWER) -> int:
+  """The effective draws that make `detectable_tv` (no pooling) equal to `tv`."""
+  return math.ceil(noncentrality(df, level, power) / (4.0 * tv * tv))
+
+
+def _allocation(weights_T, draws: int) -> np.ndarray:
+  """Draws per tuple: in proportion to the tuple's probability, at least MIN_PER_TUPLE."""
+  return np.maximum(np.ceil(draws * weights_T).astype(np.int64), MIN_PER_TUPLE)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Wald:
+  statistic: float
+  df: int
+  pvalue: float
+  why: str
+  effective_draws: float
+  pooled_mass: float
+
+
+def _wald(counts_TxO, weights_T, target_O, per_tuple_T) -> _Wald:
+  """The Wald test of the stratified mixture against the target law.
+
+  hat = sum_t w_t n_t / M_t estimates the mixture law (M_t draws of tuple t); its
+  covariance is the exact stratified one, sum_t w_t^2 (diag(P_t) - P_t P_t^T) / M_t, with
+  P_t estimated by n_t / M_t and, on the diagonal, by (n_t + 2) / (M_t + 2) (an upper
+  estimate: a cell a heavy stratum happened not to hit would otherwise get variance 0
+  there; the result is still a covariance, and conservative). Outcomes of expected count
+  below 5 at the effective draws n_eff = 1 / sum_t (w_t^2 / M_t) are pooled into one cell
+  (with the smallest other cell while that one is still below 5); the cells sum to 1, so
+  one is dropped: the Wald statistic d^T Cov^-1 d is chi-square with (cells - 1) degrees
+  of freedom.
+  """
+  m_T = per_tuple_T.astype(np.float64)
+  hat_O = (weights_T / m_T) @ counts_TxO
+  n_eff = 1.0 / float(np.sum(weights_T**2 / m_T))
   if np.any(hat_O[target_O <= 0] > 0):
-    return math.inf, 0, 0.0, "mass on an outcome of target probability 0"
-  n_eff = samples / float(np.sum(weights_T**2))
+    return _Wald(math.inf, 0, 0.0, "mass on an outcome of target probability 0", n_eff, 0.0)
   expected_O = target_O * n_eff
   order = [int(i) for i in np.argsort(expected_O) if target_O[i] > 0]
   pool = [i for i in order if expected_O[i] < _MIN_EXPECTED]
   kept = [i for i in order if expected_O[i] >= _MIN_EXPECTED]
   while pool and kept and expected_O[pool].sum() < _MIN_EXPECTED:
     pool.append(kept.pop(0))
+  pooled_mass = float(target_O[pool].sum()) if pool else 0.0
   cols = [[i] for i in kept] + ([pool] if pool else [])
   if len(cols) < 2:
-    return 0.0, 0, 1.0, ""
+    return _Wald(0.0, 0, 1.0, "", n_eff, pooled_mass)
   counts = np.stack([counts_TxO[:, c].sum(1) for c in cols], 1).astype(np.float64)
   target = np.array([target_O[c].sum() for c in cols])
-  probs_TxC = counts / samples
-  upper_TxC = (counts + 2.0) / (samples + 2.0)
-  w2 = weights_T**2
+  probs_TxC = counts / m_T[:, None]
+  upper_TxC = (counts + 2.0) / (m_T[:, None] + 2.0)
+  w2 = weights_T**2 / m_T
   cov = np.diag(w2 @ upper_TxC) - np.einsum("t,tc,td->cd", w2, probs_TxC, probs_TxC)
-  cov /= samples
   d = (weights_T @ probs_TxC - target)[:-1]
   statistic = float(d @ np.linalg.solve(cov[:-1, :-1], d))
   df = len(cols) - 1
-  return statistic, df, float(sstats.chi2.sf(statistic, df)), ""
+  return _Wald(statistic, df, float(sstats.chi2.sf(statistic, df)), "", n_eff, pooled_mass)
 
 
-def _law_case(sample, case, law, seed, samples, key):
-  """The law row of one case and its two p-values (law, bound)."""
+def _law_case(sample, case, law, seed, key, draws=None, per_tuple=None):
+  """The law row of one case and its two p-values (law, bound): `draws` allocated over
+  the draft tuples by probability (`_allocation`), or `per_tuple` draws of every tuple."""
   rng = np.random.default_rng(
     [seed, TREE_KINDS.index(case.kind), case.vocab, case.draft_len, case.num_drafts]
   )
@@ -380,15 +511,25 @@ def _law_case(sample, case, law, seed, samples, key):
   vocab, draft_len, k = case.vocab, case.draft_len, case.num_drafts
   codes_TxK, weights_T = draft_tuples(p_tab, k, draft_len, law)
   drafts, p, q = _tuple_arrays(p_tab, q_tab, codes_TxK, draft_len)
-  codes_TxM, num_TxM = _sample_tuples(sample, key, drafts, p, q, q_tab, samples)
-  num_TxM = num_TxM.astype(np.float64)
+  if per_tuple is None:
+    m_T = _allocation(weights_T, draws)
+  else:
+    m_T = np.full(weights_T.shape, per_tuple, np.int64)
+  codes_N, num_N, tuple_N = _sample_tuples(sample, key, drafts, p, q, q_tab, m_T)
   outcomes = vocab ** (draft_len + 1)
-  counts_TxO = np.stack([np.bincount(c, minlength=outcomes) for c in codes_TxM])
+  counts_TxO = np.bincount(
+    tuple_N * outcomes + codes_N, minlength=weights_T.size * outcomes
+  ).reshape(weights_T.size, outcomes)
   target_O = sequences.target_law(np.asarray(q_tab, np.float64), draft_len)
-  statistic, df, p_law, why = _wald(counts_TxO, weights_T, target_O, samples)
-  law_error = 0.5 * float(np.abs(weights_T @ counts_TxO / samples - target_O).sum())
-  mean = float(weights_T @ num_TxM.mean(1))
-  se = math.sqrt(float(weights_T**2 @ num_TxM.var(1, ddof=1)) / samples)
+  wald = _wald(counts_TxO, weights_T, target_O, m_T)
+  law_error = 0.5 * float(np.abs((weights_T / m_T) @ counts_TxO - target_O).sum())
+  num_N = num_N.astype(np.float64)
+  sums_T = np.bincount(tuple_N, num_N, weights_T.size)
+  squares_T = np.bincount(tuple_N, num_N**2, weights_T.size)
+  means_T = sums_T / m_T
+  vars_T = np.maximum(squares_T - m_T * means_T**2, 0.0) / np.maximum(m_T - 1, 1)
+  mean = float(weights_T @ means_T)
+  se = math.sqrt(float(np.sum(weights_T**2 * vars_T / m_T)))
   multisets = block_bound.MULTISETS[law](p_tab, k, draft_len)
   bound = block_bound.multiset_bound(p_tab, q_tab, multisets, draft_len)
   if se > 0:
@@ -402,14 +543,17 @@ def _law_case(sample, case, law, seed, samples, key):
     draft_len,
     vocab,
     "law",
-    f"{statistic:.1f} / {df}",
-    min(p_law, p_bound),
+    f"{wald.statistic:.1f} / {wald.df}",
+    min(wald.pvalue, p_bound),
     mean,
     se,
     bound,
     law_error,
+    effective_draws=wald.effective_draws,
+    df=wald.df,
+    pooled_mass=wald.pooled_mass,
   )
-  return row, (p_law, p_bound, why)
+  return row, (wald.pvalue, p_bound, wald.why)
 
 
 # ------------------------------------------------------------------- boundary uniforms
@@ -504,41 +648,39 @@ def _boundary_rows(block_fn, law, drafts: Sequence[int], vocab: int = 4):
 # ------------------------------------------------------------------- large vocabulary
 
 
-def _first_token_fn(fn: Callable, level: str) -> Callable:
-  """(key, drafts_K, p_KxLxV, q_KxL1xV) -> (first token, tokens emitted) at L = 1: a
-  token-level fn runs once at the first position (p and q shared by every row, so its
-  per-position work is not repeated per row), a block-level one on the block."""
-  if level == "token":
-
-    def run(key, x_K, p_KxLxV, q_KxL1xV):
-      verdict = fn(key, x_K, p_KxLxV[0, 0], q_KxL1xV[0, 0], jnp.ones(x_K.shape, bool))
-      return verdict.token, 1 + jnp.any(x_K == verdict.token).astype(jnp.int32)
-
-    return run
-  block_fn = _block_fn(fn, level)
-
-  def run_block(key, x_K, p_KxLxV, q_KxL1xV):
-    tokens_L1, num = block_fn(key, x_K[:, None], p_KxLxV, q_KxL1xV)
-    return tokens_L1[0], num
-
-  return run_block
-
-
-def _large_vocab_row(first_fn, law, k, vocab, samples, seed, key, num_bins=32, chunk=4000):
-  """The first token's law at a large vocabulary, drafts sampled from the law (L = 1)."""
-  p, q = sequences.llm_like(seed, vocab)
-  p32, q32 = jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
-  p_KxLxV = jnp.broadcast_to(p32, (k, 1, vocab))
-  q_KxL1xV = jnp.broadcast_to(q32, (k, 2, vocab))
-  logp = jnp.log(p32)
+def _large_vocab_rows(block_fn, law, k, draft_len, vocab, samples, seed, key, level, chunk=1000):
+  """Every position's law at a large vocabulary, the bonus included: draft and target laws
+  that differ by depth but not by prefix (`sequences.llm_like` per depth), K drafts drawn
+  by the law (i.i.d.; "wor": K distinct first tokens by Gumbel-top-k, each path then
+  continuing alone), each block verified and completed by target draws. Under an exact
+  verifier the completed token at position t is distributed as that depth's target law;
+  per position, its Pearson chi-square in `num_bins` equal-mass bins of that law. Returns
+  the rows and their p-values."""
+  num_bins = 32
+  pairs = [sequences.llm_like([seed, t], vocab) for t in range(draft_len + 1)]
+  p_LxV = jnp.asarray(np.stack([p for p, _ in pairs[:draft_len]]), jnp.float32)
+  q_L1xV = jnp.asarray(np.stack([q for _, q in pairs]), jnp.float32)
+  p_KxLxV = jnp.broadcast_to(p_LxV, (k, draft_len, vocab))
+  q_KxL1xV = jnp.broadcast_to(q_L1xV, (k, draft_len + 1, vocab))
+  logp_LxV = jnp.log(p_LxV)
 
   def one(key):
-    draft_key, verify_key = jax.random.split(key)
-    if law == "wor":  # K distinct tokens in drawn order: Gumbel-top-k
-      _, x_K = jax.lax.top_k(logp + jax.random.gumbel(draft_key, (vocab,)), k)
-    else:
-      x_K = jax.vmap(sampling.categorical, (0, None))(jax.random.split(draft_key, k), p32)
-    return first_fn(verify_key, x_K.astype(jnp.int32), p_KxLxV, q_KxL1xV)
+    draft_key, verify_key, extend_key = jax.random.split(key, 3)
+    columns = []
+    for t, depth_key in enumerate(jax.random.split(draft_key, draft_len)):
+      if law == "wor" and t == 0:  # K distinct tokens in drawn order: Gumbel-top-k
+        x_K = jax.lax.top_k(logp_LxV[0] + jax.random.gumbel(depth_key, (vocab,)), k)[1]
+      else:
+        x_K = jax.vmap(sampling.categorical, (0, None))(jax.random.split(depth_key, k), p_LxV[t])
+      columns.append(x_K.astype(jnp.int32))
+    tokens_L1, num = block_fn(verify_key, jnp.stack(columns, 1), p_KxLxV, q_KxL1xV)
+    completed = [
+      jnp.where(
+        t < num, tokens_L1[t], sampling.categorical(jax.random.fold_in(extend_key, t), q_L1xV[t])
+      )
+      for t in range(draft_len + 1)
+    ]
+    return jnp.stack(completed), num
 
   run = jax.jit(jax.vmap(one))
   keys = jax.random.split(key, samples)
@@ -547,26 +689,35 @@ def _large_vocab_row(first_fn, law, k, vocab, samples, seed, key, num_bins=32, c
     t, n = run(keys[start : start + chunk])
     tokens.append(np.asarray(t))
     nums.append(np.asarray(n, np.float64))
-  tokens, nums = np.concatenate(tokens), np.concatenate(nums)
-  bin_of_token, bin_probs = sequences.equal_mass_bins(q, num_bins)
-  row = Row(
-    f"llm_like V{vocab} first token",
-    law,
-    k,
-    1,
-    vocab,
-    "chi2-32k",
-    "",
-    tokens=float(nums.mean()),
-    tokens_se=float(nums.std(ddof=1) / math.sqrt(samples)),
-  )
-  if np.any(q[tokens] <= 0):
-    row.statistic, row.pvalue = "mass on q = 0", 0.0
-    return row, 0.0
-  counts = np.bincount(bin_of_token[tokens], minlength=num_bins)
-  statistic, pvalue = sstats.chisquare(counts, bin_probs * samples)
-  row.statistic, row.pvalue = f"{statistic:.1f} / {num_bins - 1}", float(pvalue)
-  return row, float(pvalue)
+  tokens_NxL1, nums = np.concatenate(tokens), np.concatenate(nums)
+  rows, pvalues = [], []
+  for t in range(draft_len + 1):
+    q = pairs[t][1]
+    where = "bonus" if t == draft_len else f"position {t}"
+    row = Row(
+      f"llm_like V{vocab} {where}",
+      law,
+      k,
+      t,
+      vocab,
+      "chi2-32k",
+      "",
+      tokens=float(nums.mean()),
+      tokens_se=float(nums.std(ddof=1) / math.sqrt(samples)),
+      detects=detectable_tv(samples, num_bins - 1, level, POWER),
+      effective_draws=float(samples),
+      df=num_bins - 1,
+    )
+    if np.any(q[tokens_NxL1[:, t]] <= 0):
+      row.statistic, row.pvalue = "mass on q = 0", 0.0
+    else:
+      bin_of_token, bin_probs = sequences.equal_mass_bins(q, num_bins)
+      counts = np.bincount(bin_of_token[tokens_NxL1[:, t]], minlength=num_bins)
+      statistic, pvalue = sstats.chisquare(counts, bin_probs * samples)
+      row.statistic, row.pvalue = f"{statistic:.1f} / {num_bins - 1}", float(pvalue)
+    rows.append(row)
+    pvalues.append(row.pvalue)
+  return rows, pvalues
 
 
 # ------------------------------------------------------------------------ entry point
@@ -587,8 +738,16 @@ def check_verifier(
   boundary: bool = True,
   large_vocab: int | None = 32_000,
   large_samples: int | None = None,
+  draws: int | None = None,
 ) -> Report:
   """Checks that the verifier `fn` is exact for each drafting law in `laws`.
+
+  The default mode is evidence: each law case of an informative tree kind (`INFORMATIVE`)
+  gets the draws that make its law test reject any law at total variation `DETECT_TV`
+  from the target with probability `POWER` at the report's per-test level, and the V =
+  32k check every position's binned law at `LARGE_VOCAB_TV`; each row reports what it
+  detects (`Row.detects`, `Report.power`). `quick=True` is a smoke test (a few law cases,
+  few draws) and says so in its report.
 
   Args:
     fn: a verify function of the registry's signature for `level` (`spectr_jax.methods`):
@@ -599,25 +758,32 @@ def check_verifier(
     laws: the drafting laws it claims exactness for ("iid", "wor").
     name: how the report names it.
     seed: trees and keys.
-    quick: the first `QUICK` law cases, fewer samples, a smaller large-vocabulary run.
+    quick: the first `QUICK` law cases with `QUICK_DRAWS` each, a small V = 32k run.
     max_drafts: the largest K it takes (cases with more drafts run at this K; at 1 every
       law draws the same single draft, so only the first law's cases run).
     alpha: the report's false-alarm budget (Bonferroni over its tests).
-    samples: keys per enumerated draft tuple (default 2000, quick 400).
+    samples: deprecated: draws of every draft tuple alike (use `draws`).
     cases: the law cases (default `CASES`, or its first `QUICK` with quick).
     boundary: run the boundary-uniform checks.
-    large_vocab: the vocabulary of the large-vocabulary chi-square (None: skip it).
-    large_samples: its sample size (default 20000, quick 4000).
+    large_vocab: the vocabulary of the large-vocabulary check (None: skip it).
+    large_samples: its blocks (default: those detecting `LARGE_VOCAB_TV`; quick 4000).
+    draws: draws of every law case, allocated to its draft tuples by probability
+      (default: as the mode sizes them).
 
   Returns:
-    A `Report`: `.passed`, `.failures`, `.markdown()`.
+    A `Report`: `.passed`, `.failures`, `.power()`, `.markdown()`.
   """
   for law in laws:
     if law not in LAWS:
       raise ValueError(f"unknown drafting law {law!r}; expected one of {LAWS}")
+  if samples is not None:
+    warnings.warn(
+      "check_verifier(samples=...) (draws of every draft tuple) is deprecated: use "
+      "draws=... (draws of a case, allocated to its tuples by probability)",
+      DeprecationWarning,
+      stacklevel=2,
+    )
   block_fn = _block_fn(fn, level)
-  samples = samples or (400 if quick else 2000)
-  large_samples = large_samples or (4000 if quick else 20_000)
   if cases is None:
     cases = CASES[:QUICK] if quick else CASES
   if max_drafts is not None:
@@ -625,17 +791,31 @@ def check_verifier(
       dict.fromkeys(dataclasses.replace(c, num_drafts=min(c.num_drafts, max_drafts)) for c in cases)
     )
   key = jax.random.key(seed)
-  rows, pvalues = [], []  # pvalues[i]: the tests of row i
   # With one draft every law draws it from p: their cases coincide and run once, as the
   # first law's rows.
   run_laws = laws[:1] if max_drafts == 1 else laws
+  large_k, large_len = min(3, max_drafts or 3), 2
+  # The report's tests, counted first: each test's level sizes the draws.
+  num_tests = len(run_laws) * (2 * len(cases) + (large_len + 1 if large_vocab else 0))
+  test_level = alpha / max(num_tests, 1)
+  rows, pvalues = [], []  # pvalues[i]: the tests of row i
   for li, law in enumerate(run_laws):
     for ci, case in enumerate(cases):
       sample = _sampler(block_fn, case.draft_len, case.vocab)
-      row, (p_law, p_bound, why) = _law_case(
-        sample, case, law, seed, samples, jax.random.fold_in(key, 1000 * li + ci)
-      )
+      case_key = jax.random.fold_in(key, 1000 * li + ci)
+      if samples is not None:
+        sizing = dict(per_tuple=samples)
+      elif draws is not None:
+        sizing = dict(draws=draws)
+      elif quick or case.kind not in INFORMATIVE:
+        sizing = dict(draws=QUICK_DRAWS if quick else BOUNDARY_DRAWS)
+      else:
+        outcomes = case.vocab ** (case.draft_len + 1)
+        sizing = dict(draws=draws_for(0.9 * DETECT_TV, outcomes - 1, test_level))
+      row, (p_law, p_bound, why) = _law_case(sample, case, law, seed, case_key, **sizing)
       row.why = why
+      if row.df:
+        row.detects = detectable_tv(row.effective_draws, row.df, test_level, POWER, row.pooled_mass)
       rows.append(row)
       pvalues.append({"law": p_law, "above the LP bound": p_bound})
     if boundary:
@@ -644,23 +824,20 @@ def check_verifier(
         rows.append(row)
         pvalues.append({})
     if large_vocab:
-      k = min(3, max_drafts or 3)
-      row, pvalue = _large_vocab_row(
-        _first_token_fn(fn, level),
-        law,
-        k,
-        large_vocab,
-        large_samples,
-        seed,
-        jax.random.fold_in(key, 10_000 + li),
+      n = large_samples or (
+        QUICK_LARGE_SAMPLES if quick else draws_for(LARGE_VOCAB_TV, 31, test_level)
       )
-      rows.append(row)
-      pvalues.append({"first-token law": pvalue})
-  num_tests = sum(len(p) for p in pvalues)
-  level_ = alpha / max(num_tests, 1)
+      large_rows, large_pvalues = _large_vocab_rows(
+        block_fn, law, large_k, large_len, large_vocab, n, seed,
+        jax.random.fold_in(key, 10_000 + li), test_level,
+      )  # fmt: skip
+      rows += large_rows
+      pvalues += [{"binned law": pvalue} for pvalue in large_pvalues]
+  assert num_tests == sum(len(p) for p in pvalues)
   for row, tests in zip(rows, pvalues, strict=True):
-    failed = [what for what, pvalue in tests.items() if pvalue < level_]
+    failed = [what for what, pvalue in tests.items() if pvalue < test_level]
     if failed:
       row.passed = False
       row.why = row.why or ", ".join(failed)
-  return Report(name or getattr(fn, "__name__", "verifier"), tuple(laws), alpha, rows, num_tests)
+  name = name or getattr(fn, "__name__", "verifier")
+  return Report(name, tuple(laws), alpha, rows, num_tests, "quick" if quick else "default")
