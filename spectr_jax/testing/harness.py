@@ -81,7 +81,7 @@ _MAX_TUPLES = 4096
 # per-test level (`detectable_tv`); the large-vocabulary rows detect LARGE_VOCAB_TV
 # between the binned laws.
 DETECT_TV = 0.01
-LARGE_VOCAB_TV = 0.03
+LARGE_VOCAB_TV = 0.05
 POWER = 0.99
 # Draws of a law case go to its draft tuples in proportion to their probability (the
 # variance of the mixture estimate is then that of as many plain draws), at least this many
