@@ -118,7 +118,9 @@ class ProgramReport:
     target: the target's name. batch: rows of the call (the whole mesh's).
     compile_s: seconds of the compile here.
     argument_bytes, output_bytes, temp_bytes, alias_bytes: `memory_analysis()`, per chip.
-    chip_bytes: the chip's HBM. plan_bytes: `memory.plan`'s total per device.
+    chip_bytes: the chip's HBM. plan_bytes: `memory.plan`'s total per device for this
+      program (without the draft's weights where it has no drafts: a sweep's plan counts
+      them, resident beside its autoregressive cells).
     weight_copies: kernels that copy, transpose or convert a weight (`programs.
       weight_copies`): each a weight-sized buffer and its traffic.
     data_dependent: the op_names of the data-dependent loops and conditionals besides
@@ -199,7 +201,7 @@ def program_report(
   ]
   stacked = [x.shape for path, x in weights if getattr(path[0], "key", None) == "layers"]
   plan = memory.plan(draft, target, where.mesh, batch_size=batch, prompt_width=prompt_width,
-                     spec=spec)  # fmt: skip
+                     spec=spec, platform=where.target.platform)  # fmt: skip
   return ProgramReport(
     label=label(spec),
     target=where.target.name,
@@ -210,7 +212,7 @@ def program_report(
     temp_bytes=stats.temp_size_in_bytes,
     alias_bytes=stats.alias_size_in_bytes,
     chip_bytes=where.chip.hbm_bytes,
-    plan_bytes=plan.total,
+    plan_bytes=plan.total - (0 if spec.speculative else plan.weights["draft"]),
     weight_copies=len(programs.weight_copies(module, [x.shape for _, x in weights], stacked)),
     data_dependent=tuple(
       c.op_name or c.name
@@ -358,27 +360,16 @@ def round_report(
   )
 
 
-def distinct_programs(specs: Iterable[DecodeSpec], draft: ModelConfig, target: ModelConfig):
-  """The specs of `specs` that compile to different programs (`engine.round_spec`), first
-  of each, in order."""
-  seen, out = set(), []
-  for spec in specs:
-    key = engine.round_spec(spec, draft if spec.speculative else None, target)
-    if key not in seen:
-      seen.add(key)
-      out.append(spec)
-  return out
-
-
 def fitting_model_axis(
   spec: DecodeSpec, draft: ModelConfig, target: ModelConfig, devices: int, chip_bytes: int, *,
-  batch: int, prompt_width: int,
+  batch: int, prompt_width: int, platform: str = "",
 ) -> int | None:  # fmt: skip
   """The smallest "model" axis size (a divisor of `devices`) whose `memory.plan` fits
   `chip_bytes` per device, None when none does."""
   for model in (m for m in range(1, devices + 1) if devices % m == 0):
     mesh = memory.abstract_mesh(devices // model, model)
-    plan = memory.plan(draft, target, mesh, batch_size=batch, prompt_width=prompt_width, spec=spec)
+    plan = memory.plan(draft, target, mesh, batch_size=batch, prompt_width=prompt_width,
+                       spec=spec, platform=platform)  # fmt: skip
     if plan.total <= chip_bytes:
       return model
   return None
@@ -403,8 +394,9 @@ class CellBuild:
 def _refusal(spec, draft, target, where, batch, prompt_width, needed: str) -> str:
   devices = where.mesh.size
   model = fitting_model_axis(
-    spec, draft, target, devices, where.chip.hbm_bytes, batch=batch, prompt_width=prompt_width
-  )
+    spec, draft, target, devices, where.chip.hbm_bytes, batch=batch, prompt_width=prompt_width,
+    platform=where.target.platform,
+  )  # fmt: skip
   fits = (
     f"'model' = {model} (data = {devices // model}) fits by the memory plan"
     if model is not None

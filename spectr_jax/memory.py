@@ -176,17 +176,27 @@ def cache_bytes(
   )
 
 
-def probability_bytes(method: str, num_drafts: int, draft_len: int, vocab_size: int) -> int:
+# How many times the arrays of `probability_bytes` a program holds at its peak, by
+# platform: the CPU's buffer assignment reuses them (tests/test_engine_memory.py); a TPU
+# program holds about twice as many at its peak (the round's q, p and the sampler's
+# tables at once: compiled Llama-3 70B / 8B and Gemma-2 27B / 2B rounds on v5p and v5e
+# slices, docs/ACCELERATORS.md).
+PROBABILITY_COPIES = {"tpu": 2}
+
+
+def probability_bytes(
+  method: str, num_drafts: int, draft_len: int, vocab_size: int, platform: str = ""
+) -> int:
   """Bytes of one row's float32 probability arrays in a round (docs/PERFORMANCE.md).
 
   Two K (L + 1) x V arrays (the target's logits and q) and two K L x V (the draft's p and
   the draft loop's carry of it); the block-level verifiers hold four more K (L + 1) x V
-  (their per-position residuals).
+  (their per-position residuals); times `PROBABILITY_COPIES` of `platform`.
   """
   r = draft_len + 1
   block_level = methods.get(method).level == "block"
   arrays = 2 * r + 2 * draft_len + (4 * r if block_level else 0)
-  return arrays * num_drafts * vocab_size * 4
+  return PROBABILITY_COPIES.get(platform, 1) * arrays * num_drafts * vocab_size * 4
 
 
 def activation_bytes(config: ModelConfig, num_drafts: int, draft_len: int, width: int) -> int:
@@ -210,6 +220,7 @@ def plan(
   max_new_tokens: int | None = None,
   spec: DecodeSpec | None = None,
   params: Mapping[str, Any] | None = None,
+  platform: str | None = None,
 ) -> MemoryPlan:
   """The bytes one device holds while `engine.generate` decodes one batch.
 
@@ -227,6 +238,9 @@ def plan(
       planned (module docstring).
     params: {"draft": params, "target": params} of loaded models (arrays or shapes);
       default: `param_shapes` of each config.
+    platform: where the decode runs ("tpu" holds more probability arrays:
+      `PROBABILITY_COPIES`); None: the mesh's devices' (a `Mesh`), else this process's
+      default backend.
 
   Returns:
     The `MemoryPlan`.
@@ -243,6 +257,9 @@ def plan(
     max_new_tokens, label = spec.max_new_tokens, spec.label()
   elif any(v is None for v in cell):
     raise ValueError("give a spec, or method, num_drafts, draft_len and max_new_tokens")
+  if platform is None:
+    concrete = isinstance(mesh, jax.sharding.Mesh)
+    platform = mesh.devices.flat[0].platform if concrete else jax.default_backend()
   sizes = dict(mesh.shape)
   data = sizes.get(sharding.DATA_AXIS, 1)
   rows = -(-batch_size // data)
@@ -271,7 +288,7 @@ def plan(
     cache=cache,
     probabilities=rows
     * (
-      probability_bytes(method, num_drafts, draft_len, target.num_logits)
+      probability_bytes(method, num_drafts, draft_len, target.num_logits, platform)
       + methods.get(method).workspace_bytes
     ),
     activations=rows * activation_bytes(target, num_drafts, draft_len, prompt_width),
