@@ -25,6 +25,7 @@ Terms:
 
 import collections
 import dataclasses
+import math
 import re
 from collections.abc import Iterable, Iterator
 
@@ -469,41 +470,68 @@ def array_bytes(type_: str, hbm_only: bool = False) -> int:
   return total
 
 
+# Element-wise operations: each element of the result reads one element of each operand
+# of the result's shape, so a fusion computes only the elements a later slice or gather
+# takes of them.
+_ELEMENTWISE = frozenset((
+  "abs", "add", "and", "clamp", "compare", "convert", "divide", "exponential", "log",
+  "maximum", "minimum", "multiply", "negate", "not", "or", "select", "subtract", "xor",
+))  # fmt: skip
+
+
+def _elements(type_: str) -> int:
+  shape = shape_of(type_)
+  return math.prod(shape[1]) if shape else 0
+
+
 def _fused_reads(module: Module, fused: str, operand: int, full: int) -> int:
-  """Bytes a fusion reads of its operand `operand` (`full` bytes): the sum of the slices
-  taken of it where every use inside the fused computation (through views and nested
-  fusions) is a slice, else all of it."""
+  """Bytes a fusion reads of its operand `operand` (`full` bytes). A fused kernel computes
+  only the elements its results need: where every use of the operand inside the fused
+  computation (through views, element-wise operations, in-place updates and nested
+  fusions) ends in a slice or gather, it reads the elements those take, else all of it."""
   instructions = module.computations.get(fused, ())
   param = next(
     (i for i in instructions if i.opcode == "parameter" and i.operands == (str(operand),)), None
   )
-  if param is None:
+  if param is None or not _elements(param.type):
     return full
   users: dict[str, list[Instruction]] = collections.defaultdict(list)
   for i in instructions:
     for o in i.operands:
       users[o].append(i)
   roots = {i.name for i in instructions if i.root}
-  read, stack = 0, [param.name]
-  while stack:
-    value = stack.pop()
-    if value in roots:
-      return full  # it leaves the fusion whole
-    for user in users[value]:
+  memo: dict[str, int] = {}
+
+  def demand(value: Instruction) -> int:
+    """Elements of `value` the fusion's results need."""
+    if value.name in memo:
+      return memo[value.name]
+    size = _elements(value.type)
+    need = 0
+    for user in [] if value.name in roots else users[value.name]:
       if user.opcode in _VIEWS:
-        stack.append(user.name)
-      elif user.opcode in _SLICES and user.operands[0] == value:
-        read += array_bytes(user.type)
-      elif user.opcode == "dynamic-update-slice" and user.root and user.operands[0] == value:
+        need += demand(user)
+      elif user.opcode in _SLICES and user.operands[0] == value.name:
+        need += _elements(user.type)
+      elif user.opcode == "dynamic-update-slice" and user.root and user.operands[0] == value.name:
         continue  # updated in place: only the update is written
+      elif user.opcode == "dynamic-update-slice" and value.name in user.operands[:2]:
+        need += demand(user)
+      elif user.opcode in _ELEMENTWISE and _elements(user.type) == size:
+        need += demand(user)
       elif user.opcode == "fusion":
         nested = dict(user.children()).get("calls")
-        read += sum(
-          _fused_reads(module, nested, n, full) for n, o in enumerate(user.operands) if o == value
-        )
+        need += sum(
+          _fused_reads(module, nested, n, size) for n, o in enumerate(user.operands)
+          if o == value.name
+        )  # fmt: skip
       else:
-        return full
-  return min(read, full)
+        need = size
+        break
+    memo[value.name] = size if value.name in roots else min(need, size)
+    return memo[value.name]
+
+  return full * demand(param) // _elements(param.type)
 
 
 def _in_place_update(module: Module, fused: str) -> int | None:

@@ -209,3 +209,41 @@ def test_gpu_execution_from_a_thunk_sequence():
   execution = programs.gpu_execution(programs.parse_thunks(graphed))
   assert execution.round_loop_in_graph and execution.host_waits == 0 and execution.launches == 0
   assert execution.in_graphs == 1.0
+
+
+def test_a_fusion_reads_only_what_its_gathers_take():
+  """A fused kernel computes only the elements its results need: an operand that reaches
+  a gather through element-wise operations and an in-place update is read as the
+  gathered rows; one that reaches the result whole, in full."""
+  text = """HloModule m, entry_computation_layout={()->f32[4,1000]{1,0}}
+
+%fused (param_0: f32[64,1000], param_1: f32[64,1000], param_2: s32[4,1]) -> f32[4,1000] {
+  %param_0 = f32[64,1000]{1,0} parameter(0)
+  %param_1 = f32[64,1000]{1,0} parameter(1)
+  %param_2 = s32[4,1]{1,0} parameter(2)
+  %neg = f32[64,1000]{1,0} negate(f32[64,1000]{1,0} %param_0)
+  %zero = s32[] constant(0)
+  %upd = f32[64,1000]{1,0} dynamic-update-slice(f32[64,1000]{1,0} %neg, f32[64,1000]{1,0} %param_1, s32[] %zero, s32[] %zero)
+  ROOT %g = f32[4,1000]{1,0} gather(f32[64,1000]{1,0} %upd, s32[4,1]{1,0} %param_2), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,1000}
+}
+
+%whole (param_0: f32[64,1000]) -> f32[64,1000] {
+  %param_0 = f32[64,1000]{1,0} parameter(0)
+  ROOT %neg = f32[64,1000]{1,0} negate(f32[64,1000]{1,0} %param_0)
+}
+
+ENTRY %main (a: f32[64,1000], b: f32[64,1000], i: s32[4,1]) -> f32[4,1000] {
+  %a = f32[64,1000]{1,0} parameter(0)
+  %b = f32[64,1000]{1,0} parameter(1)
+  %i = s32[4,1]{1,0} parameter(2)
+  %w = f32[64,1000]{1,0} fusion(f32[64,1000]{1,0} %a), kind=kLoop, calls=%whole
+  ROOT %f = f32[4,1000]{1,0} fusion(f32[64,1000]{1,0} %w, f32[64,1000]{1,0} %b, s32[4,1]{1,0} %i), kind=kLoop, calls=%fused
+}
+"""
+  module = programs.parse(text)
+  rows, whole, out = 4 * 1000 * 4, 64 * 1000 * 4, 4 * 1000 * 4
+  index = 4 * 4
+  costs = programs.computation_costs(module, module.entry)
+  # %whole: the operand in full and its result; %fused: the gathered rows of both
+  # operands (at most), the indices and the result.
+  assert costs.hbm_bytes == (whole + whole) + (rows + rows + index + out), costs
