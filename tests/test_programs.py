@@ -239,7 +239,7 @@ ENTRY %main (a: f32[64,1000], b: f32[64,1000], i: s32[4,1]) -> f32[4,1000] {
   %w = f32[64,1000]{1,0} fusion(f32[64,1000]{1,0} %a), kind=kLoop, calls=%whole
   ROOT %f = f32[4,1000]{1,0} fusion(f32[64,1000]{1,0} %w, f32[64,1000]{1,0} %b, s32[4,1]{1,0} %i), kind=kLoop, calls=%fused
 }
-"""
+"""  # noqa: E501
   module = programs.parse(text)
   rows, whole, out = 4 * 1000 * 4, 64 * 1000 * 4, 4 * 1000 * 4
   index = 4 * 4
