@@ -9,7 +9,7 @@ from typing import Any
 
 import ml_collections
 
-from spectr_jax.config import TrainConfig
+from spectr_jax.train_config import TrainConfig
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:

@@ -18,7 +18,7 @@ import pathlib
 import ml_collections
 
 from configs import common, lm1b_spectr
-from spectr_jax.config import PairConfig
+from spectr_jax.pair_config import PairConfig
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -33,6 +33,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.num_drafts = (1, 8)
   c.draft_lens = (4, 8)
   c.seeds = tuple(range(arg.seeds))
-  c.decoding.num_prompts = arg.prompts
+  c.prompts.num_prompts = arg.prompts
   c.batch_size = 50
   return c

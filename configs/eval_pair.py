@@ -3,7 +3,7 @@
 import ml_collections
 
 from configs import common
-from spectr_jax.config import EvalConfig
+from spectr_jax.evaluate import EvalConfig
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -20,7 +20,7 @@ default; `test` shrinks everything to seconds).
 import ml_collections
 
 from configs import common, lm1b_spectr
-from spectr_jax.config import RhoAblationConfig
+from spectr_jax.sweep_config import RhoAblationConfig
 
 METHODS = ("kseq", "specinfer", "optimal", "rrs", "traversal", "gbv", "gbv_tp")
 
@@ -36,7 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.sweep.num_drafts = (2, 4, 8)
   c.sweep.draft_lens = (4, 8)
   c.sweep.seeds = (0, 1, 2)
-  c.sweep.decoding.num_prompts = 100
+  c.sweep.prompts.num_prompts = 100
   c.sweep.batch_size = 25
   c.analysis.num_drafts = (2, 4, 8)
   c.analysis.num_prompts = 100
@@ -46,7 +46,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sweep.num_drafts = (2,)
     c.sweep.draft_lens = (2,)
     c.sweep.seeds = (0,)
-    c.sweep.decoding.num_prompts = 3
+    c.sweep.prompts.num_prompts = 3
     c.sweep.batch_size = 3
     c.analysis.num_drafts = (2,)
     c.analysis.num_prompts = 3

@@ -23,8 +23,7 @@ main job, scripts/reproduce.sh, passes it).
 import ml_collections
 
 from configs import common, distill, draft, pretrained, target
-from spectr_jax import config as config_lib
-from spectr_jax import methods
+from spectr_jax import methods, sweep_config
 
 # Every registered method: the paper's, the optimal verifier, the block-level verifiers
 # (docs/BLOCK_VERIFICATION.md) and any added to `spectr_jax.methods`.
@@ -40,7 +39,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = common.parse_arg(arg, **ARGS)
   pair_arg = "test" if arg.test else f"source={arg.source},path={arg.path}"
   suffix = "-test" if arg.test else ("" if arg.source == "embedded" else f"-{arg.source}")
-  c = config_lib.SweepConfig.defaults()  # Every field, documented in SweepConfig.
+  c = sweep_config.SweepConfig.defaults()  # Every field, documented in SweepConfig.
   c.name = "lm1b_spectr" + suffix + ("-plain" if arg.plain_draft else "")
   c.pair.kind = "embedded"  # Trained by this repository from the configs below.
   c.pair.target = target.get_config(pair_arg)
@@ -54,22 +53,22 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.pair.draft_workdir = "draft-distill" + ("-runlocal" if arg.runlocal else "") + suffix
     c.pair.draft_base = draft.get_config(pair_arg)  # The plain draft it starts from (in
     # $SPECTR_WORKDIR/draft<suffix>; the ARG item plain_draft decodes with it instead).
-  c.decoding.num_prompts = 1000
+  c.prompts.num_prompts = 1000
   if arg.runlocal:
     c.name += "-runlocal"
     c.draft_lens = (4, 8)
     c.methods = ("autoregressive", "sd", "block", "kseq")
-    c.decoding.num_prompts = 32
-    c.decoding.max_new_tokens = 48
+    c.prompts.num_prompts = 32
+    c.decode.max_new_tokens = 48
     c.batch_size = 16
   if arg.test:
     c.methods = ("autoregressive", "sd", "kseq")
     c.num_drafts = (1, 2)
     c.draft_lens = (2,)
     c.seeds = (0, 1)
-    c.decoding.num_prompts = 3
-    c.decoding.prompt_len = 4
-    c.decoding.max_new_tokens = 6
+    c.prompts.num_prompts = 3
+    c.prompts.prompt_len = 4
+    c.decode.max_new_tokens = 6
     c.batch_size = 2
     c.compilation_cache = ""
   if arg.pair:

@@ -20,8 +20,9 @@ from typing import Any
 
 import ml_collections
 
-from spectr_jax.config import PairConfig, SweepConfig
 from spectr_jax.models import ModelConfig, config_from_hf
+from spectr_jax.pair_config import PairConfig
+from spectr_jax.sweep_config import SweepConfig
 from spectr_jax.testing import hf_checkpoints
 
 # name: (draft, target, what the sizes below are meant for, batch size, cache capacity S).
@@ -225,7 +226,7 @@ def apply(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
     c.num_drafts = (1, 4) if arg.runlocal else (1, 2)
     c.draft_lens = (4,) if arg.runlocal else (2,)
     return
-  c.decoding.prompt_len = 16  # Prompt tokens after BOS (subword tokenizers split finer).
+  c.prompts.prompt_len = 16  # Prompt tokens after BOS (subword tokenizers split finer).
   c.batch_size = batch_size  # Prompts per engine call (a 256k vocabulary takes fewer).
 
 

@@ -13,7 +13,7 @@ import ml_collections
 
 from configs import common, lm1b_spectr
 from spectr_jax import methods
-from spectr_jax.config import RhoAblationConfig
+from spectr_jax.sweep_config import RhoAblationConfig
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

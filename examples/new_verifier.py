@@ -18,8 +18,7 @@ import pathlib
 import sys
 import tempfile
 
-# The repository root: "examples.new_verifier:chain_position" (the record's reference)
-# and the configs package import from there.
+# The repository root: the configs package imports from there.
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
   sys.path.insert(0, str(ROOT))
@@ -76,7 +75,7 @@ def chain_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
 CHAIN = methods.Method(
   name="chain",
   level="token",
-  verify="examples.new_verifier:chain_position",
+  verify=chain_position,
   summary="recursive rejection written as a scan (docs/NEW_VERIFIER.md's example)",
   single="sd",
   exact_for=("iid",),
@@ -133,7 +132,7 @@ def sweep(quick: bool, results_dir: str) -> list[dict]:
   """Step 4: the sweep's cells, decoded and stored in results_dir; the summary rows."""
   from configs import lm1b_spectr
   from spectr_jax import experiment, report
-  from spectr_jax.config import SweepConfig
+  from spectr_jax.sweep_config import SweepConfig
 
   config = SweepConfig.from_dict(lm1b_spectr.get_config("test").to_dict())
   names = ("autoregressive", "specinfer", "chain")
@@ -164,7 +163,7 @@ def main(argv=None) -> list[dict]:
     check_through_the_engine()
   with tempfile.TemporaryDirectory() as tmp:
     rows = sweep(args.quick, args.results_dir or tmp)
-  # The same rule and the same random draws as SpecInfer (`verify.specinfer_position`
+  # The same rule and the same random draws as SpecInfer (`verify.specinfer_verdict`
   # splits the key and draws its uniforms the same way): the same tokens.
   by_method = {(r["method"], r["K"]): r["block_efficiency"] for r in rows}
   for (name, k), value in by_method.items():

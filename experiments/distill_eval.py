@@ -11,7 +11,8 @@ it is not included) and its training wall time.
 from absl import app, flags
 
 from spectr_jax import distill, runs
-from spectr_jax.config import DistillConfig, resolve
+from spectr_jax.pair_config import resolve
+from spectr_jax.train_config import DistillConfig
 
 _DRAFTS = flags.DEFINE_list("drafts", [], "Draft run directories (relative to $SPECTR_WORKDIR).")
 _TARGET = flags.DEFINE_string("target", "target", "The target's run directory.")

@@ -22,8 +22,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from configs import pretrained
-from spectr_jax import config as config_lib
-from spectr_jax import dryrun, experiment, tables, targets
+from spectr_jax import cli, decode_spec, dryrun, experiment, sweep_config, tables, targets
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.")
 _TARGET = flags.DEFINE_string("target", None, "A compile-only target, e.g. tpu:v5p:2x2x2.")
@@ -39,11 +38,11 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   if _TARGET.value.lower().startswith("gpu"):
     targets.use_cpu_host()
-  config = config_lib.SweepConfig.from_dict(_CONFIG.value.to_dict())
+  config = sweep_config.SweepConfig.from_dict(_CONFIG.value.to_dict())
   draft, target = pretrained.model_configs(config)
   where = dryrun.build(_TARGET.value, _MODEL.value or config.mesh_model)
   if _SPEC.value:
-    spec = config_lib.DecodeSpec.parse(_SPEC.value, max_new_tokens=config.decoding.max_new_tokens)
+    spec = decode_spec.DecodeSpec.parse(_SPEC.value, max_new_tokens=config.decode.max_new_tokens)
     cells = [(_SPEC.value, spec)]
   else:
     cells = [(c.label, experiment.cell_spec(c)) for c in experiment.expand(config, "")]
@@ -65,7 +64,7 @@ def main(argv: list[str]) -> None:
 
   builds = dryrun.dry_run(
     cells, draft, target, where, batch=config.batch_size,
-    prompt_width=config.decoding.prompt_len + 1, progress=progress,
+    prompt_width=config.prompts.prompt_len + 1, progress=progress,
   )  # fmt: skip
   if _JSON.value:
     with open(_JSON.value, "w") as f:
@@ -78,4 +77,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "target"])
-  app.run(main, flags_parser=config_lib.parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

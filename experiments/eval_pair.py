@@ -7,8 +7,9 @@ from absl import app
 from ml_collections import config_flags
 
 from spectr_jax import evaluate, runs
-from spectr_jax.config import EvalConfig, parse_flags
+from spectr_jax.cli import parse_flags
 from spectr_jax.data import default_workdir
+from spectr_jax.evaluate import EvalConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/eval_pair.py", "Evaluation config.")
 

@@ -20,7 +20,7 @@ import pathlib
 from absl import app, flags
 
 from spectr_jax import metrics, report
-from spectr_jax.config import parse_flags
+from spectr_jax.cli import parse_flags
 
 _RESULTS_DIRS = flags.DEFINE_multi_string("results_dir", [], "A sweep's results directory.")
 _COST_TABLE = flags.DEFINE_string("cost_table", "", "Measured round costs (bench_decode.py).")

@@ -14,7 +14,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from spectr_jax import experiment, metrics, report, results
-from spectr_jax.config import SweepConfig, parse_flags
+from spectr_jax.cli import parse_flags
+from spectr_jax.sweep_config import SweepConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep or rho ablation config file.")
 _RESULTS_DIR = flags.DEFINE_string("results_dir", "", "Results directory (default: the config's).")

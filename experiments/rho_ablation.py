@@ -11,7 +11,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from spectr_jax import analysis, runs, sharding
-from spectr_jax.config import RhoAblationConfig, parse_flags
+from spectr_jax.cli import parse_flags
+from spectr_jax.sweep_config import RhoAblationConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Rho ablation config file.")
 _WAIT = flags.DEFINE_bool("wait", False, "Wait for another run holding the output folder.")

@@ -10,8 +10,7 @@ tables and plots: `python -m experiments.report` with the same --config.
 from absl import app, flags
 from ml_collections import config_flags
 
-from spectr_jax import config as config_lib
-from spectr_jax import experiment, runs, sharding
+from spectr_jax import cli, experiment, runs, sharding, sweep_config
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.")
 _WAIT = flags.DEFINE_bool("wait", False, "Wait for another run holding the output folder.")
@@ -24,10 +23,10 @@ def main(argv: list[str]) -> None:
   runs.quiet_orbax_logging()
   config = _CONFIG.value.to_dict()
   experiment.run_sweep(
-    config_lib.SweepConfig.from_dict(config), provenance_config=config, wait=_WAIT.value
+    sweep_config.SweepConfig.from_dict(config), provenance_config=config, wait=_WAIT.value
   )
 
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])
-  app.run(main, flags_parser=config_lib.parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

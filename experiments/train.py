@@ -11,8 +11,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from spectr_jax import runs, train
-from spectr_jax.config import TrainConfig, parse_flags
+from spectr_jax.cli import parse_flags
 from spectr_jax.data import default_workdir
+from spectr_jax.train_config import TrainConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.")
 _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (checkpoints, config, tokenizer).")

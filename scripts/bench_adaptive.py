@@ -36,8 +36,9 @@ import numpy as np
 from absl import app, flags
 
 from spectr_jax import data, engine, metrics, pairs, report, tables
-from spectr_jax.config import DecodeSpec, PairConfig
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
+from spectr_jax.pair_config import PairConfig
 
 FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
 _WORKDIR = flags.DEFINE_string(

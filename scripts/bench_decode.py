@@ -66,9 +66,11 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from spectr_jax import data, engine, metrics, pairs, rounds, tables
-from spectr_jax.config import DecodeSpec, PairConfig
+from spectr_jax import data, engine, metrics, pairs, plan, rounds, tables
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, count_params, get_model_config, init_params, reset_tails
+from spectr_jax.pair_config import PairConfig
+from spectr_jax.plan import DecodePlan, Traced
 from spectr_jax.timing import interleaved_medians, seconds_per_round
 
 DEFAULT_CONFIGS = (
@@ -140,12 +142,10 @@ COST_TABLE = "cost_table.json"  # under --workdir, unless --cost_table names a f
 CALLS = 16  # calls of a part per timed loop
 
 
-def default_traced() -> rounds.Traced:
+def default_traced() -> Traced:
   """Temperature 1, top-p 1, rho 0 (unused: rho*), no stop token (built on first use: no
   JAX backend starts at import, so a compile-only GPU target can still be chosen)."""
-  return rounds.Traced(
-    jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
-  )
+  return Traced(jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32))
 
 
 def _looped(step):
@@ -169,15 +169,15 @@ def _varying(*xs):
   return jax.lax.optimization_barrier(xs)
 
 
-def round_spec(spec: DecodeSpec, draft, target) -> rounds.RoundSpec:
-  """The round description of `spec` on these bundles (`engine.round_spec`)."""
-  return engine.round_spec(spec, draft.config if spec.speculative else None, target.config)
+def decode_plan(spec: DecodeSpec, draft, target) -> DecodePlan:
+  """The plan of `spec` on these bundles (`plan.resolve`)."""
+  return plan.resolve(spec, draft.config if spec.speculative else None, target.config)
 
 
 def model_calls(draft_spec, target_spec, draft, target, prompts, lengths, traced=None,
                 drafts_BxKxL=None):  # fmt: skip
   """A timer `(fn, args)` of a round's model calls, `CALLS` times in a loop (`_looped`):
-  (`draft_spec` and `target_spec` are `DecodeSpec`s, or `rounds.RoundSpec`s)
+  (`draft_spec` and `target_spec` are `DecodeSpec`s, or `plan.DecodePlan`s)
   the drafting of `draft_spec` (its L draft calls on K tails and their sampling), then the
   target call of `target_spec` (K(L + 1) positions per row and their probabilities) on
   the first draft token in every position; either spec may be None (the other model's
@@ -186,7 +186,7 @@ def model_calls(draft_spec, target_spec, draft, target, prompts, lengths, traced
   reset instead of committed."""
   traced = default_traced() if traced is None else traced
   draft_spec, target_spec = (
-    round_spec(s, draft, target) if isinstance(s, DecodeSpec) else s
+    decode_plan(s, draft, target) if isinstance(s, DecodeSpec) else s
     for s in (draft_spec, target_spec)
   )
   last_B = jnp.take_along_axis(prompts, (lengths - 1)[:, None], 1)[:, 0]
@@ -203,7 +203,7 @@ def model_calls(draft_spec, target_spec, draft, target, prompts, lengths, traced
   def step(params, carry):
     draft_cache, target_cache, keys, token_B = carry
     if draft_spec is not None:
-      out = rounds.draft(draft_spec, params[0], draft_cache, states[0], keys, traced)
+      out = rounds.draw(draft_spec, params[0], draft_cache, states[0], keys, traced)
       token_B, draft_cache = out.tokens_BxKxL[:, 0, 0], reset_tails(out.cache)
     if target_spec is not None:
       shape = (b, target_spec.num_drafts, target_spec.draft_len)
@@ -230,10 +230,10 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
   the engine's own round (`rounds.run_round`: parts, commit, statistics, keys) in the
   same loop, from the state after the prefill, so that round and parts are timed by the
   same harness. `spec` is a `DecodeSpec` (its traced values unless `traced` is given) or a
-  `rounds.RoundSpec`."""
+  `plan.DecodePlan`."""
   if isinstance(spec, DecodeSpec):
-    traced = engine.traced_values(spec) if traced is None else traced
-    spec = round_spec(spec, draft, target)
+    traced = plan.traced(spec) if traced is None else traced
+    spec = decode_plan(spec, draft, target)
   traced = default_traced() if traced is None else traced
   draft_params = draft.params if spec.draft_len else None
   state = jax.jit(functools.partial(rounds.init_state, spec))(
@@ -246,7 +246,7 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
   p = None
   if spec.draft_len:
     timers["draft"] = model_calls(spec, None, draft, target, prompts, lengths, traced)
-    draft_fn = jax.jit(functools.partial(rounds.draft, spec, traced=traced))
+    draft_fn = jax.jit(functools.partial(rounds.draw, spec, traced=traced))
     out = draft_fn(draft_params, state.draft_cache, state, keys)
     drafts, p = out.tokens_BxKxL, out.p_BxKxLxV
 
@@ -260,7 +260,7 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
 
   def verify_step(_, carry):
     keys, p, q = carry
-    out, _, _ = rounds.verify_rows(spec, keys, drafts, p, q, traced)
+    out, _, _ = rounds.walk(spec, keys, drafts, p, q, traced)
     return _varying(jax.vmap(jax.random.fold_in)(keys, out[:, 0]), p, q)
 
   timers["verify"] = (_looped(verify_step), (None, (keys, p, q)))
@@ -269,10 +269,10 @@ def part_timers(spec, draft, target, prompts, lengths, traced=None):
     draft_cache, target_cache, keys = carry
     d, p = drafts, None
     if spec.draft_len:
-      out = rounds.draft(spec, params[0], draft_cache, state, keys, traced)
+      out = rounds.draw(spec, params[0], draft_cache, state, keys, traced)
       d, p, draft_cache = out.tokens_BxKxL, out.p_BxKxLxV, reset_tails(out.cache)
     q, target_cache = score(params[1], target_cache, d)
-    out, _, _ = rounds.verify_rows(spec, keys, d, p, q, traced)
+    out, _, _ = rounds.walk(spec, keys, d, p, q, traced)
     return draft_cache, target_cache, jax.vmap(jax.random.fold_in)(keys, out[:, 0])
 
   carry = (state.draft_cache, state.target_cache, keys)

@@ -39,7 +39,7 @@ from bench_decode import bench, format_costs, format_table, parse_specs
 from bench_tree import BUDGET_COLS, budget_rows, compare, format_rows, parse_configs
 
 from spectr_jax import pairs
-from spectr_jax.config import DecodeSpec
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, ModelConfig, count_params, init_params
 
 CONFIGS = "autoregressive:1:0,sd:1:4,kseq:4:4,kseq:8:4,kseq:8:8,optimal:8:4,gbv:4:4,gbv:8:4"

@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from spectr_jax import engine, sharding, tables  # noqa: E402
-from spectr_jax.config import DecodeSpec  # noqa: E402
+from spectr_jax.decode_spec import DecodeSpec  # noqa: E402
 from spectr_jax.models import ModelBundle, get_model_config, init_params  # noqa: E402
 from spectr_jax.timing import interleaved_medians  # noqa: E402
 

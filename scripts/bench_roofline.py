@@ -55,7 +55,7 @@ from absl import app, flags
 from bench_device import random_pair
 
 from spectr_jax import dryrun, engine, sharding, tables, targets, verify
-from spectr_jax.config import DecodeSpec
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import init_params
 from spectr_jax.timing import interleaved_medians, median_seconds, seconds_per_round
 

@@ -38,7 +38,7 @@ from absl import app, flags
 from bench_decode import CALLS, bench_prompts, load_pair, parse_specs, part_timers
 
 from spectr_jax import drafting, engine, tables
-from spectr_jax.config import DecodeSpec
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.timing import interleaved_medians
 
 # The script's own flags when run; private ones when imported (bench_decode.FLAGS).

@@ -3,7 +3,7 @@
 For each vocabulary size V, number of drafts K and draft length L, prints the median
 wall time (jitted, after a warm-up call) of:
   - one position of `kseq` (rho*) and `specinfer` with K drafts,
-  - one `verify_block` walk over K x L drafts for each method (sd, kseq, specinfer,
+  - one `methods.verify_drafts` walk over K x L drafts for each method (sd, kseq, specinfer,
     optimal); with `--pair equal` (default) p = q, so every position is accepted and the
     walk emits L + 1 tokens; with `--pair perturbed` the target's logits are 2 N(0, 1)
     per position and the draft's add N(0, 1) noise to them, so the walk stops early (the
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from spectr_jax import sampling, tables, verify
+from spectr_jax import methods, sampling, tables, verify
 from spectr_jax.timing import median_seconds
 
 WIDTH = 1024
@@ -78,12 +78,12 @@ def bench_row(vocab: int, num_drafts: int, draft_len: int, repeats: int, pair: s
     q_V,
     repeats=repeats,
   )
-  methods = ("kseq", "specinfer", "optimal")
-  methods = ("sd",) + methods if num_drafts == 1 else methods
-  for method in methods:
-    fn = jax.jit(lambda k, d, p, q, m=method: verify.verify_block(k, d, p, q, method=m))
+  names = ("kseq", "specinfer", "optimal")
+  names = ("sd",) + names if num_drafts == 1 else names
+  for method in names:
+    fn = jax.jit(lambda k, d, p, q, m=method: methods.verify_drafts(k, d, p, q, method=m))
     row[f"block_{method}"] = median_ms(fn, key, drafts_KxL, p_KxLxV, q_KxL1xV, repeats=repeats)
-  walk = jax.jit(jax.vmap(lambda k: verify.verify_block(k, drafts_KxL, p_KxLxV, q_KxL1xV)[1]))
+  walk = jax.jit(jax.vmap(lambda k: methods.verify_drafts(k, drafts_KxL, p_KxLxV, q_KxL1xV)[1]))
   row["tokens"] = float(jnp.mean(walk(jax.random.split(key, 32))))
   x = jax.random.normal(key, (num_drafts * (draft_len + 1), WIDTH))
   w = jax.random.normal(key, (WIDTH, vocab)) / WIDTH**0.5

@@ -6,7 +6,7 @@ a = 0.3, 1 or 3; "sparse": a = 1 with random zeros in p and q; "ties": q = p on 
 set of >= 2 tokens per prefix) over every (V, L, K) with V in 2-4, L in 1-3, K in 1-4 and
 V^(L K) <= 4096:
 
-  token-level walks (`verify.verify_block`): sd, kseq (rho*), specinfer, optimal:
+  token-level walks (`methods.verify_drafts`): sd, kseq (rho*), specinfer, optimal:
     E[tokens] over all K-tuples of paths, walking each position's exact conditional law
     given the surviving drafts; rrs on drafts without replacement: every ordered draw of
     distinct first tokens, then the one surviving path (its first token is unique)
@@ -16,7 +16,8 @@ V^(L K) <= 4096:
     branching): every tree (`wor_reference.static_tree_law`), each verified by
     `wor_reference.traversal_law`;
   the single-draft methods (sd, block) at K = 1 on the same tree, in every row;
-  unregistered rules (`UNREGISTERED`, not exact): hsd, HSD as its authors released it
+  unregistered rules (`UNREGISTERED`, not exact): hsd, HSD as transcribed from its authors'
+    code (`algorithm_clean.py`, deleted before the paper appeared)
     (Zhou et al., arXiv 2601.05724; `hsd.chain_law`), on one chain (K = 1), with the
     L1 distance of its output law from the target's;
   bound: the multi-path verification LP for each method's drafting scheme
@@ -101,7 +102,7 @@ def _hsd(p_tab, q_tab, draft_len):
 
 
 def token_value(p_tab, q_tab, num_drafts: int, draft_len: int, method: str) -> float:
-  """Exact E[tokens per round] of the token-level walk `verify_block(method=...)`."""
+  """Exact E[tokens per round] of the token-level walk `methods.verify_drafts(method=...)`."""
   vocab = p_tab.shape[-1]
   law_fn = LAWS[method]
 

@@ -29,8 +29,7 @@ from ml_collections import config_flags
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from configs import pretrained  # noqa: E402
-from spectr_jax import config as config_lib  # noqa: E402
-from spectr_jax import experiment, memory, sharding  # noqa: E402
+from spectr_jax import cli, decode_spec, experiment, memory, sharding, sweep_config  # noqa: E402  # noqa: E402
 from spectr_jax.models import param_axes  # noqa: E402
 
 # The script's own flags when run; private ones when imported (tests/test_memory.py).
@@ -46,17 +45,17 @@ _SPEC = flags.DEFINE_string(
 
 
 def cell_spec(
-  config: config_lib.SweepConfig, text: str = "", largest=None
-) -> config_lib.DecodeSpec:
+  config: sweep_config.SweepConfig, text: str = "", largest=None
+) -> decode_spec.DecodeSpec:
   """The `DecodeSpec` planned: `text` (`DecodeSpec.parse`, the sweep's new tokens), else
   the sweep's cell of `largest`'s method, K and L (its drafting, branching, dedup)."""
   if text:
-    return config_lib.DecodeSpec.parse(text, max_new_tokens=config.decoding.max_new_tokens)
-  return config.decoding.spec(largest.method, largest.num_drafts, largest.draft_len)
+    return decode_spec.DecodeSpec.parse(text, max_new_tokens=config.decode.max_new_tokens)
+  return config.cell_spec(largest.method, largest.num_drafts, largest.draft_len)
 
 
 def plan_text(
-  config: config_lib.SweepConfig, devices: int = 0, spec: str = ""
+  config: sweep_config.SweepConfig, devices: int = 0, spec: str = ""
 ) -> tuple[memory.MemoryPlan, str]:
   """The plan of the sweep's largest cell (or of `spec`) and a text of it and of both
   models' sharding.
@@ -75,7 +74,7 @@ def plan_text(
   if spec:
     plan = memory.plan(
       draft, target, mesh, spec=cell_spec(config, spec), batch_size=config.batch_size,
-      prompt_width=config.decoding.prompt_len + 1,
+      prompt_width=config.prompts.prompt_len + 1,
     )  # fmt: skip
   else:
     plan = experiment.memory_plan(config, draft, target, mesh)
@@ -92,7 +91,7 @@ def plan_text(
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
-  config = config_lib.SweepConfig.from_dict(_CONFIG.value.to_dict())
+  config = sweep_config.SweepConfig.from_dict(_CONFIG.value.to_dict())
   plan, text = plan_text(config, _DEVICES.value, _SPEC.value)
   print(text)
   device_bytes = memory.device_bytes(config.device_memory)
@@ -105,4 +104,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])
-  app.run(main, flags_parser=config_lib.parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -47,7 +47,7 @@ from absl import app, flags
 from bench_device import DRAFT, SMALL_DRAFT, SMALL_TARGET, SMALL_VOCAB, TARGET, VOCAB
 
 from spectr_jax import dryrun, engine, metrics, programs, tables, targets
-from spectr_jax.config import DecodeSpec
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, ModelConfig, count_params, init_params
 
 PROGRAMS = ("ar", "tails", "dedup")

@@ -24,7 +24,7 @@ import numpy as np
 from absl import app, flags
 
 from spectr_jax import data, pairs, tables, tree
-from spectr_jax.config import PairConfig
+from spectr_jax.pair_config import PairConfig
 
 # The script's own flags when run; private ones when imported.
 FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()

@@ -21,22 +21,43 @@ Functions are pure JAX (float32 unless x64 is enabled) and jit/vmap-able; `k` ma
 
 import functools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import checks, loops, methods
+from spectr_jax import checks, loops
 from spectr_jax.sampling import categorical
 
 RHO_MODES = ("star", "k", "fixed")
+RHO_NAMES = ("star", "k")  # the strategies a config names (a number is the third)
 # Evaluations of beta per rho* (`rho_star`): measured against the 32-step bisection on
 # random and edge cases at V = 2..32000, 14 reach its acceptance at V >= 1000 and 18 also
 # on small vocabularies (a few large kinks in beta, where the steps fall back to halving).
 RHO_EVALS = 18
 _EPS = float(np.finfo(np.float32).eps)
 _HUGE, _TINY = 1e30, 1e-30
+
+
+def check_rho(rho: Any) -> str | float:
+  """A split factor as configs and cells store it: "star", "k" or a float >= 1.
+
+  Raises:
+    ValueError: anything else (a string other than those two, a non-finite number, a
+      number below 1, a bool, a sequence).
+  """
+  if isinstance(rho, str):
+    if rho not in RHO_NAMES:
+      raise ValueError(f"unknown rho {rho!r}: expected 'star', 'k' or a number >= 1")
+    return rho
+  try:
+    value = float(rho)
+  except (TypeError, ValueError):
+    raise ValueError(f"a fixed rho must be a finite number >= 1, got {rho!r}") from None
+  if isinstance(rho, bool) or not (1.0 <= value < float("inf")):
+    raise ValueError(f"a fixed rho must be a finite number >= 1, got {rho!r}")
+  return value
 
 
 def one_minus_pow(beta, k):
@@ -174,13 +195,13 @@ def split_rho(rho) -> tuple[str, jax.Array]:
   """Splits the public `rho` argument into a static mode and a (traceable) value.
 
   `rho` is "star", "k", or a number / scalar array (a fixed split factor), checked by
-  `methods.check_rho` (the one parser of rho) unless it is traced.
+  `check_rho` (the one parser of rho) unless it is traced.
   """
   if isinstance(rho, jax.core.Tracer):
     return "fixed", jnp.asarray(rho, jnp.float32)
   if np.ndim(rho) != 0:
     raise ValueError(f"a fixed rho must be a finite number >= 1, got {rho!r}")
-  value = methods.check_rho(rho if isinstance(rho, str) else np.asarray(rho).item())
+  value = check_rho(rho if isinstance(rho, str) else np.asarray(rho).item())
   if isinstance(value, str):
     return value, jnp.float32(0.0)
   return "fixed", jnp.float32(value)
@@ -384,7 +405,7 @@ def _rrs_rejected(key, p_V, q_V, k: int, excess):
   """P(all k drafts rejected), given drafts 1..k-2 of one history drawn from their law
   given rejection, averaged exactly over draft k - 1.
 
-  With Z = `excess`, the targets of `verify.rrs_position` are r_i = (q - lam_i p)^+ /
+  With Z = `excess`, the targets of `verify.rrs_verdict` are r_i = (q - lam_i p)^+ /
   Z(lam_i), with lam_1 = 0 and lam_{i+1} = lam_i + Z(lam_i) / m_i, m_i the draft mass not
   yet drawn; stage i rejects with probability Z(lam_{i+1}) / Z(lam_i), so all k are
   rejected with probability Z(lam_{k+1}), which depends on the drafts only through
@@ -440,7 +461,7 @@ def _rrs_acceptance(key, p_V, q_V, k: int, num_histories: int) -> RRSAcceptance:
 
 
 def rrs_acceptance(p_V, q_V, k: int, *, key=None, num_histories: int = 8) -> RRSAcceptance:
-  """Hit probability of recursive rejection without replacement (`verify.rrs_position`)
+  """Hit probability of recursive rejection without replacement (`verify.rrs_verdict`)
   with k drafts drawn without replacement.
 
   Exact for k <= 2 and where at most k tokens have draft mass (one sort and V binary

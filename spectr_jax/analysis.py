@@ -25,16 +25,10 @@ import numpy as np
 from absl import logging
 
 from spectr_jax import engine, experiment, locks, methods, pairs, results, sampling
-from spectr_jax.config import (
-  AnalysisConfig,
-  DecodeSettings,
-  DecodeSpec,
-  RhoAblationConfig,
-  SweepConfig,
-  rhos_for,
-)
 from spectr_jax.data import EOS_ID, RESERVED, Prompts, SpecialIds, make_prompts
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle
+from spectr_jax.sweep_config import AnalysisConfig, RhoAblationConfig, SweepConfig, rhos_for
 
 
 def next_token_probs(
@@ -227,7 +221,7 @@ def position_metrics(
   single = [m for m in methods.METHODS.values() if m.speculative and m.max_drafts == 1]
   out["single"] = _fields(single[0].acceptance_function()(p_XxV, q_XxV, 1))
   for scheme in dict.fromkeys(["iid"] + [scheme for _, scheme in _multi_draft(drafting)]):
-    bound = methods.resolve(methods.DRAFTING[scheme].bound)
+    bound = methods.DRAFTING[scheme].bound
     out[_bound_name(scheme)] = {"hit": np.asarray(bound(p_XxV, q_XxV, k))}
   return out
 
@@ -284,7 +278,7 @@ def summarize_metrics(
 
 
 def _chunk_positions(pair: pairs.Pair, prompts: Prompts, rows: slice, config, seed: int,
-                     decoding: DecodeSettings) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+                     sweep: SweepConfig) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
   """(p_XxV, q_XxV) at the kept positions of the trajectories of prompts `rows`."""
   chunk = Prompts(*(x[rows] for x in dataclasses.astuple(prompts)))
   traj = collect_trajectories(
@@ -293,13 +287,13 @@ def _chunk_positions(pair: pairs.Pair, prompts: Prompts, rows: slice, config, se
     chunk,
     config.num_tokens,
     jax.random.key(seed),
-    decoding.temperature,
-    decoding.top_k or None,
-    None if decoding.top_p >= 1 else decoding.top_p,
+    sweep.decode.temperature,
+    sweep.decode.top_k or None,
+    None if sweep.decode.top_p >= 1 else sweep.decode.top_p,
     prompt_ids=jnp.arange(rows.start, rows.stop, dtype=jnp.int32),
     special=pair.special,
   )
-  keep_BxT = np.asarray(traj.in_sentence_BxT) | (not decoding.stop_at_eos)
+  keep_BxT = np.asarray(traj.in_sentence_BxT) | (not sweep.prompts.stop_at_eos)
   return np.asarray(traj.p_BxTxV)[keep_BxT], np.asarray(traj.q_BxTxV)[keep_BxT]
 
 
@@ -315,21 +309,21 @@ def rho_ablation(pair: pairs.Pair, sweep: SweepConfig, config: AnalysisConfig) -
     {"positions": X, "single": mean one-draft acceptance, "rows": `summarize_metrics`
     rows for each K}.
   """
-  seed, decoding = sweep.seeds[0], sweep.decoding
+  seed, drafting = sweep.seeds[0], sweep.decode.drafting
   prompts = make_prompts(
-    pair.heldout, decoding.num_prompts, decoding.prompt_len, seed, pair.special
+    pair.heldout, sweep.prompts.num_prompts, sweep.prompts.prompt_len, seed, pair.special
   )
   per_k = {k: [] for k in config.num_drafts}
   for start in range(0, config.num_prompts, config.batch_size):
     rows = slice(start, min(start + config.batch_size, config.num_prompts))
-    p_XxV, q_XxV = _chunk_positions(pair, prompts, rows, config, seed, decoding)
+    p_XxV, q_XxV = _chunk_positions(pair, prompts, rows, config, seed, sweep)
     for k in config.num_drafts:
-      per_k[k].append(position_metrics(p_XxV, q_XxV, k, rhos_for(sweep.rhos, k), decoding.drafting))
+      per_k[k].append(position_metrics(p_XxV, q_XxV, k, rhos_for(sweep.rhos, k), drafting))
     logging.info("rho ablation: %d/%d prompts", rows.stop, config.num_prompts)
   result = {"positions": 0, "single": 0.0, "rows": []}
   for k, chunks in per_k.items():
     metrics = jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
-    result["rows"] += summarize_metrics(metrics, k, rhos_for(sweep.rhos, k), decoding.drafting)
+    result["rows"] += summarize_metrics(metrics, k, rhos_for(sweep.rhos, k), drafting)
     result["positions"] = int(metrics["single"]["hit"].size)
     result["single"] = float(np.mean(metrics["single"]["hit"]))
   return result
@@ -369,12 +363,12 @@ def _run_rho_ablation(config, pair, provenance_config):
   defining = {
     "seeds": config.sweep.seeds,
     "rhos": config.sweep.rhos,
-    "decoding": dataclasses.asdict(config.sweep.decoding),
+    "decoding": config.sweep.decoding_record(),
     "analysis": dataclasses.asdict(config.analysis),
     "pair": pair.fingerprint,
     "trajectories": "engine",
     # The rows: which strategies (and the drafting scheme whose bound each row shows).
-    "strategies": [(m.name, scheme) for m, scheme in _multi_draft(config.sweep.decoding.drafting)],
+    "strategies": [(m.name, scheme) for m, scheme in _multi_draft(config.sweep.decode.drafting)],
   }
   key = hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:16]
   path = config.sweep.results_path / results.ANALYSIS_FILE

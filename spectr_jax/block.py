@@ -1,7 +1,7 @@
 """Block-level verification of speculative drafts (design and proofs: docs/BLOCK_VERIFICATION.md).
 
 Token-level verifiers (`spectr_jax.verify`) decide position by position. These decide over
-the whole block. Index convention as `verify.verify_block`: p[i, t] = p(. | h, d_i[:t]),
+the whole block. Index convention as `methods.verify_drafts`: p[i, t] = p(. | h, d_i[:t]),
 q[i, t] = q(. | h, d_i[:t]); q[i, L] is the bonus distribution after a full draft.
 
 "block" (K = 1): block verification, Sun et al. (ICLR 2025, arXiv 2403.10444), Algorithm 2.
@@ -60,9 +60,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from spectr_jax import acceptance, checks, methods, optimal
-from spectr_jax.methods import BlockVerdict
+from spectr_jax import acceptance, checks, optimal
 from spectr_jax.sampling import categorical
+from spectr_jax.verdict import BlockVerdict
 
 __all__ = [
   "BlockPlan",
@@ -279,7 +279,9 @@ def verify_tp_paths(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockVerdict:
 _verify_jit = jax.jit(_verify, static_argnames="lexicographic")
 # The verify functions of this module, by registry reference: whether the selection is
 # "gbv_tp"'s lexicographic maximum.
-_LEXICOGRAPHIC = {"spectr_jax.block:verify_paths": False, "spectr_jax.block:verify_tp_paths": True}
+# The block-level methods of this module: their selection (lexicographic: "gbv_tp") and
+# the most paths they take.
+_METHODS = {"block": (False, 1), "gbv": (False, None), "gbv_tp": (True, None)}
 
 
 def block_verify(key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method: str = "gbv", return_plan=False):
@@ -290,7 +292,7 @@ def block_verify(key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method: str = "gbv", ret
     drafts_KxL: int draft tokens, each path drawn from p (paths i.i.d.; they may share
       prefixes).
     p_KxLxV: draft distributions. q_KxL1xV: target distributions (index convention of
-      `verify.verify_block`).
+      `methods.verify_drafts`).
     method: "block" (K = 1), "gbv" or "gbv_tp" (any K; K = 1 is "block").
     return_plan: also return the `BlockPlan` (weights, stop probabilities, survivors).
 
@@ -299,12 +301,14 @@ def block_verify(key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method: str = "gbv", ret
     1 <= num_tokens <= L + 1; the emitted tokens follow the target's sequence law.
   """
   checks.shape("drafts_KxL", drafts_KxL, (None, None))
-  record = methods.get(method)
-  if record.verify not in _LEXICOGRAPHIC:
-    raise ValueError(f"{method!r} is not a block-level method of spectr_jax.block")
-  record.check_drafts(drafts_KxL.shape[0])
+  if method not in _METHODS:
+    raise ValueError(
+      f"{method!r} is not a block-level method of spectr_jax.block: {tuple(_METHODS)}"
+    )
+  lexicographic, max_drafts = _METHODS[method]
+  if max_drafts is not None and drafts_KxL.shape[0] > max_drafts:
+    raise ValueError(f"method {method!r} verifies a single draft, got K = {drafts_KxL.shape[0]}")
   checks.block("block_verify", drafts_KxL, p_KxLxV, q_KxL1xV)
-  lexicographic = _LEXICOGRAPHIC[record.verify]
   verdict, plan = _verify_jit(key, drafts_KxL, p_KxLxV, q_KxL1xV, lexicographic=lexicographic)
   if return_plan:
     return verdict.tokens_L1, verdict.num_tokens, plan

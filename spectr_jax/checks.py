@@ -68,7 +68,7 @@ def shape(name: str, x, expected: tuple) -> None:
 
 
 def block(what: str, drafts_KxL, p_KxLxV, q_KxL1xV) -> tuple[int, int]:
-  """Checks the inputs of a block verifier (index convention of `verify.verify_block`).
+  """Checks the inputs of a block verifier (index convention of `methods.verify_drafts`).
 
   Returns:
     (K, L).

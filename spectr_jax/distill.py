@@ -22,9 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from spectr_jax import acceptance, engine, runs, sampling
-from spectr_jax.config import DISTILL_SOURCES, DecodeSpec, DistillConfig, TrainConfig, resolve
 from spectr_jax.data import PAD_ID, Dataset, TokenizedSplit, make_prompts
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, Transformer
+from spectr_jax.pair_config import resolve
+from spectr_jax.train_config import DISTILL_SOURCES, DistillConfig, TrainConfig
 
 _SAMPLE_STREAM = 1  # fold_in(key(seed), _SAMPLE_STREAM): the sampling keys (0 is the init)
 _TINY = float(np.finfo(np.float32).tiny)

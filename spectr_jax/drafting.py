@@ -38,7 +38,10 @@ Key convention: the draw of step t (t = 0..L-1) of tail k uses
 fold_in(fold_in(row key, t), k) (`draft_keys_LxBxK`).
 """
 
+import dataclasses
 import functools
+import importlib
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -47,10 +50,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from spectr_jax import adaptive, loops, sampling
-from spectr_jax.methods import PROPORTIONAL, check_branching
 
 __all__ = [
+  "PROPORTIONAL",
+  "Depths",
+  "Drafter",
   "Drafts",
+  "NoDrafts",
+  "check_branching",
+  "draft_paths",
+  "iid_depths",
+  "tree_depths",
   "check_branching",
   "check_distinct",
   "default_branching",
@@ -60,6 +70,30 @@ __all__ = [
   "sample_BxK",
   "without_replacement",
 ]
+
+
+# A tree shape drawn from the draft's path probabilities (`Drafting.branches` schemes).
+PROPORTIONAL = "proportional"
+
+
+def check_branching(branching, num_drafts: int, draft_len: int) -> None:
+  """Raises a clear error unless `branching` is L integers >= 1 whose product is K, or
+  `PROPORTIONAL` (a tree shaped by the draft's path probabilities, drawn by
+  `drafting.without_replacement`)."""
+  if branching == PROPORTIONAL:
+    return
+  if not (
+    isinstance(branching, tuple)
+    and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in branching)
+  ):
+    raise ValueError(
+      f"branching must be a tuple of integers >= 1 or {PROPORTIONAL!r}, got {branching!r}"
+    )
+  if len(branching) != draft_len or math.prod(branching) != num_drafts:
+    raise ValueError(
+      f"branching {branching} must have draft_len = {draft_len} entries whose product is "
+      f"num_drafts = {num_drafts} (one path per leaf)"
+    )
 
 
 class Drafts(NamedTuple):
@@ -166,13 +200,13 @@ def check_distinct(drafts_KxL) -> None:
       )
 
 
-def _iid(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2):
+def _iid(key_BxK, p_BxKxV, source_BxK, level, node_BxKx2):
   """The i.i.d. scheme's draws at one depth: one per tail, with its own key."""
   del level
-  return sample_BxK(key_BxK, p_BxKxV), source_BxK, block_BxKx2
+  return sample_BxK(key_BxK, p_BxKxV), source_BxK, node_BxKx2
 
 
-def _children(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2, *, max_children: int):
+def _children(key_BxK, p_BxKxV, source_BxK, level, node_BxKx2, *, max_children: int):
   """One depth of a static tree: every node draws its children without replacement.
 
   A node is a block of `size` consecutive tails that share their prefix (level = (size,
@@ -197,7 +231,7 @@ def _children(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2, *, max_children:
   child_K = tail_K % size // child_size
   x_BxK, valid_BxK = x_BxNxJ[:, node_K, child_K], valid_BxNxJ[:, node_K, child_K]
   copied_BxK = jnp.take_along_axis(source_BxK, (tail_K - child_K * child_size)[None], 1)
-  return x_BxK, jnp.where(valid_BxK, source_BxK, copied_BxK), block_BxKx2
+  return x_BxK, jnp.where(valid_BxK, source_BxK, copied_BxK), node_BxKx2
 
 
 def shares(size, drawn_p_J, valid_J):
@@ -212,9 +246,9 @@ def shares(size, drawn_p_J, valid_J):
   return got_J.at[0].add(size - jnp.sum(got_J))
 
 
-def _proportional(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2):
+def _proportional(key_BxK, p_BxKxV, source_BxK, level, node_BxKx2):
   """One depth of a tree shaped by the draft (branching `PROPORTIONAL`): a node holding a
-  block of m consecutive tails (block_BxKx2: each tail's block start and m) draws
+  block of m consecutive tails (node_BxKx2: each tail's block start and m) draws
   children without replacement (`distinct_tokens` on the p of its first tail, draw j
   with the key of its tail j) and gives child j `shares` of the block, in order. So a
   node of draft path probability P ends up with about K P of the K paths: peaked draft
@@ -224,7 +258,7 @@ def _proportional(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2):
   """
   del level
   k = key_BxK.shape[1]
-  start_BxK, size_BxK = block_BxKx2[..., 0], block_BxKx2[..., 1]
+  start_BxK, size_BxK = node_BxKx2[..., 0], node_BxKx2[..., 1]
   p_node_BxKxV = jnp.take_along_axis(p_BxKxV, start_BxK[..., None], 1)
   draw_BxKxJ = jnp.minimum(start_BxK[..., None] + jnp.arange(k), k - 1)
   keys_BxKxJ = jax.vmap(lambda keys, idx: keys[idx])(key_BxK, draw_BxKxJ)
@@ -236,8 +270,8 @@ def _proportional(key_BxK, p_BxKxV, source_BxK, level, block_BxKx2):
   child_BxK = jnp.sum(end_BxKxJ <= offset_BxK[..., None], -1)
   pick = lambda a_BxKxJ: jnp.take_along_axis(a_BxKxJ, child_BxK[..., None], -1)[..., 0]  # noqa: E731
   got_BxK = pick(got_BxKxJ)
-  block_BxKx2 = jnp.stack([start_BxK + pick(end_BxKxJ) - got_BxK, got_BxK], -1)
-  return pick(x_BxKxJ), source_BxK, block_BxKx2
+  node_BxKx2 = jnp.stack([start_BxK + pick(end_BxKxJ) - got_BxK, got_BxK], -1)
+  return pick(x_BxKxJ), source_BxK, node_BxKx2
 
 
 def _extend_shared(extend: Callable, take_tails: Callable | None, params, size: int,
@@ -269,21 +303,34 @@ def _runs(sizes: list[int]) -> list[tuple[int, int, int]]:
   return runs
 
 
-def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pending_Bx2,
-           num_pending_B, key_B, probs, *, num_drafts: int, draft_len: int,
-           take_tails: Callable | None = None, threshold=None) -> Drafts:  # fmt: skip
-  """K draft paths of L tokens per row, drawn depth by depth.
+class Depths(NamedTuple):
+  """A drafting scheme's draws, depth by depth (what `draft_paths` runs).
 
-  `first` (depth 0) and `draw` (the later depths), (key_BxK, p_BxKxV, source_BxK, level,
-  block_BxKx2) -> (x_BxK, source_BxK, block_BxKx2), draw every tail's token at one depth
-  (level = levels[t] = (tails per node, tails per child) of a static tree, (1, 1) where
-  the scheme has none: Python ints at depth 0, traced after; block_BxKx2: each tail's
-  node as (first tail, tails), carried for `_proportional`, all K tails at the root) and
-  name the tail each one copies (itself, or a tail of an earlier subtree with the same
-  tokens); a copying tail continues with its source's keys, so it draws the same tokens,
-  and its tokens are set to the source's at the end (the verifier's view never depends
-  on two tails computing bit-identical logits). The commit takes the first agreeing
-  tail, never a copy of an earlier one.
+  first (depth 0) and draw (the later depths): (key_BxK, p_BxKxV, source_BxK, level,
+    node_BxKx2) -> (x_BxK, source_BxK, node_BxKx2). They draw every tail's token at one
+    depth and name the tail each one copies: itself, or a tail of an earlier subtree
+    with the same tokens. level = levels[t]; node_BxKx2 is each tail's node as (first
+    tail, tails), all K tails at the root, for draws that shape the tree as they go.
+  levels: per depth, (tails per node, tails per child) of a static tree; (1, 1) where the
+    scheme has none. Python ints at depth 0, traced after. Tails of one node share
+    their prefix, so with `take_tails` one of them computes it.
+  """
+
+  first: Callable
+  draw: Callable
+  levels: tuple[tuple[int, int], ...]
+
+
+def draft_paths(depths: Depths, extend, params, cache, pending_Bx2, num_pending_B, key_B,
+                probs, *, num_drafts: int, draft_len: int, take_tails: Callable | None = None,
+                threshold=None) -> Drafts:  # fmt: skip
+  """K draft paths of L tokens per row, drawn depth by depth with a scheme's `Depths`:
+  the depth loop every scheme shares.
+
+  A copying tail continues with its source's keys, so it draws the same tokens, and its
+  tokens are set to the source's at the end (the verifier's view never depends on two
+  tails computing bit-identical logits). The commit takes the first agreeing tail,
+  never a copy of an earlier one.
 
   The pending tokens (1 or 2 per row: what the draft has not seen of the emitted text)
   open every tail, and only the last one's logits are computed; L - 1 steps under
@@ -307,30 +354,31 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
   p_BxKxV = probs(logits_BxKxV)
   key_LxBxK = draft_keys_LxBxK(key_B, n, k)
   source_BxK = jnp.broadcast_to(jnp.arange(k), (b, k))
-  block_BxKx2 = jnp.broadcast_to(jnp.asarray([0, k], jnp.int32), (b, k, 2))
-  x_BxK, source_BxK, block_BxKx2 = first(
-    key_LxBxK[0], p_BxKxV, source_BxK, tuple(levels[0]), block_BxKx2
+  node_BxKx2 = jnp.broadcast_to(jnp.asarray([0, k], jnp.int32), (b, k, 2))
+  levels = depths.levels
+  x_BxK, source_BxK, node_BxKx2 = depths.first(
+    key_LxBxK[0], p_BxKxV, source_BxK, tuple(levels[0]), node_BxKx2
   )
   p_BxKxLxV = jnp.zeros((b, k, n) + p_BxKxV.shape[-1:], p_BxKxV.dtype)
   p_BxKxLxV = p_BxKxLxV.at[:, :, 0].set(p_BxKxV)
   drafts_BxKxL = jnp.zeros((b, k, n), jnp.int32).at[:, :, 0].set(x_BxK)
 
   def step(size, carry, inputs):
-    cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2 = carry
+    cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, node_BxKx2 = carry
     t, level = inputs
     x_BxKx1 = jax.lax.dynamic_slice_in_dim(drafts_BxKxL, t - 1, 1, axis=2)
     logits_BxKx1xV, cache, _ = call(size, x_BxKx1, cache)
     bad_B |= sampling.nonfinite_rows(logits_BxKx1xV)
     p_BxKx1xV = probs(logits_BxKx1xV)
     key_BxK = jnp.take_along_axis(key_LxBxK[t], source_BxK, 1)
-    nxt_BxK, source_BxK, block_BxKx2 = draw(
-      key_BxK, p_BxKx1xV[:, :, 0], source_BxK, tuple(level), block_BxKx2
+    nxt_BxK, source_BxK, node_BxKx2 = depths.draw(
+      key_BxK, p_BxKx1xV[:, :, 0], source_BxK, tuple(level), node_BxKx2
     )
     drafts_BxKxL = jax.lax.dynamic_update_slice_in_dim(drafts_BxKxL, nxt_BxK[..., None], t, 2)
     p_BxKxLxV = jax.lax.dynamic_update_slice_in_dim(p_BxKxLxV, p_BxKx1xV, t, axis=2)
-    return (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2), None
+    return (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, node_BxKx2), None
 
-  carry = (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, block_BxKx2)
+  carry = (cache, drafts_BxKxL, p_BxKxLxV, bad_B, source_BxK, node_BxKx2)
   t_A, level_Ax2 = jnp.arange(1, n), jnp.asarray(levels[1:], jnp.int32).reshape(n - 1, 2)
   sizes = [level[0] if take_tails is not None else 1 for level in levels[1:]]
   if threshold is not None:
@@ -349,7 +397,7 @@ def _paths(first: Callable, draw: Callable, levels, extend, params, cache, pendi
 
 
 def _while_confident(step: Callable, carry, level_Ax2, threshold):
-  """The steps t = 1, 2, ... of `_paths` (on K tails) while t < L and some row verifies
+  """The steps t = 1, 2, ... of `draft_paths` (on K tails) while t < L and some row verifies
   position t (`adaptive.confident_length` of the drafts so far > t). Returns (carry,
   steps run)."""
   n = level_Ax2.shape[0] + 1
@@ -368,6 +416,29 @@ def _while_confident(step: Callable, carry, level_Ax2, threshold):
 
   t, carry = jax.lax.while_loop(more, body, (jnp.int32(1), carry))
   return carry, t - 1
+
+
+def iid_depths(num_drafts: int, draft_len: int, branching=None) -> Depths:
+  """The i.i.d. scheme: every tail draws its own token from its own p at every depth."""
+  del num_drafts, branching
+  return Depths(_iid, _iid, ((1, 1),) * draft_len)
+
+
+def tree_depths(num_drafts: int, draft_len: int, branching=None) -> Depths:
+  """The tree drawn without replacement: at depth t every node has branching[t]
+  children drawn without replacement from the draft (`distinct_tokens`); branching None
+  is (K, 1, ..., 1), `PROPORTIONAL` shapes the tree by the draft's probabilities."""
+  branching = default_branching(num_drafts, draft_len) if branching is None else branching
+  check_branching(branching, num_drafts, draft_len)
+  if branching == PROPORTIONAL:
+    return Depths(_proportional, _proportional, ((1, 1),) * draft_len)
+  levels, size = [], num_drafts
+  for children in branching:
+    levels.append((size, size // children))
+    size //= children
+  first = functools.partial(_children, max_children=branching[0])
+  draw = functools.partial(_children, max_children=max(branching[1:], default=1))
+  return Depths(first, draw, tuple(levels))
 
 
 def iid(
@@ -402,10 +473,9 @@ def iid(
   Returns:
     `Drafts`.
   """
-  levels = [(1, 1)] * draft_len  # unused by `_iid`
-  return _paths(_iid, _iid, levels, extend, params, cache, pending_Bx2, num_pending_B, key_B,
-                probs, num_drafts=num_drafts, draft_len=draft_len,
-                take_tails=take_tails, threshold=threshold)  # fmt: skip
+  return draft_paths(iid_depths(num_drafts, draft_len), extend, params, cache, pending_Bx2,
+                     num_pending_B, key_B, probs, num_drafts=num_drafts, draft_len=draft_len,
+                     take_tails=take_tails, threshold=threshold)  # fmt: skip
 
 
 def without_replacement(
@@ -453,18 +523,80 @@ def without_replacement(
   Returns:
     `Drafts`.
   """
-  branching = default_branching(num_drafts, draft_len) if branching is None else branching
-  check_branching(branching, num_drafts, draft_len)
-  run = functools.partial(_paths, extend=extend, params=params, cache=cache,
-                          pending_Bx2=pending_Bx2, num_pending_B=num_pending_B, key_B=key_B,
-                          probs=probs, num_drafts=num_drafts, draft_len=draft_len,
-                          take_tails=take_tails, threshold=threshold)  # fmt: skip
-  if branching == PROPORTIONAL:
-    return run(_proportional, _proportional, [(1, 1)] * draft_len)
-  levels, size = [], num_drafts
-  for children in branching:
-    levels.append((size, size // children))
-    size //= children
-  first = functools.partial(_children, max_children=branching[0])
-  draw = functools.partial(_children, max_children=max(branching[1:], default=1))
-  return run(first, draw, levels)
+  return draft_paths(tree_depths(num_drafts, draft_len, branching), extend, params, cache,
+                     pending_Bx2, num_pending_B, key_B, probs, num_drafts=num_drafts,
+                     draft_len=draft_len, take_tails=take_tails, threshold=threshold)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafter:
+  """A decode's drafting: its scheme record (`methods.Drafting`) and tree shape, run by
+  the round on the draft model (static, hashable)."""
+
+  scheme: Any
+  branching: tuple[int, ...] | str | None = None
+
+  def draft(self, model, params, cache, pending_Bx2, num_pending_B, key_B, probs, *,
+            num_drafts: int, draft_len: int, share_prefixes: bool,
+            stop=None) -> Drafts:  # fmt: skip
+    """The round's drafts (`draft_paths` on the scheme's `Depths`): with
+    `share_prefixes` (a scored tree) each shared prefix is computed once; with `stop`
+    (a length policy's threshold) drafting ends at the batch's longest length."""
+    take_tails = model.take_tails if share_prefixes else None
+    if self.scheme.depths is None:  # a whole scheme function (the deprecated form)
+      fn = self.scheme.draft
+      if isinstance(fn, str):
+        module, _, name = fn.partition(":")
+        fn = getattr(importlib.import_module(module), name)
+      return fn(model.extend, params, cache, pending_Bx2, num_pending_B, key_B, probs,
+                num_drafts=num_drafts, draft_len=draft_len, take_tails=take_tails,
+                **({} if self.branching is None else {"branching": self.branching}),
+                **({} if stop is None else {"threshold": stop}))  # fmt: skip
+    depths = self.scheme.depths(num_drafts, draft_len, self.branching)
+    return draft_paths(depths, model.extend, params, cache, pending_Bx2, num_pending_B, key_B,
+                       probs, num_drafts=num_drafts, draft_len=draft_len,
+                       take_tails=take_tails, threshold=stop)  # fmt: skip
+
+  def prefill(self, prefill: Callable):
+    """The draft's cache after the prompts (`prefill()` builds it)."""
+    return prefill()
+
+  def commit(self, model, cache, tail_B, tokens_BxL1, num_B, length_B, last_B, live_B,
+             pending_Bx2, num_pending_B):  # fmt: skip
+    """Appends what the draft saw of the emitted tokens from tail tail_B to its prefix and
+    sets the tokens it has not seen (1 or 2 pending per row): (cache, pending_Bx2,
+    num_pending_B). A row whose walk accepted every draft its path verifies (length_B)
+    keeps its last draft and the bonus pending (the draft never fed its last draft)."""
+    seen_B = jnp.minimum(num_B - 1, length_B - 1)
+    cache = model.commit(cache, tail_B, jnp.where(live_B, num_pending_B + seen_B, 0))
+    full_B = num_B == length_B + 1
+    one_Bx2 = jnp.stack([last_B, jnp.zeros_like(last_B)], axis=1)
+    ends_Bx2 = jnp.take_along_axis(tokens_BxL1, length_B[:, None] + jnp.arange(-1, 1), 1)
+    new_pending_Bx2 = jnp.where(full_B[:, None], ends_Bx2, one_Bx2)
+    pending_Bx2 = jnp.where(live_B[:, None], new_pending_Bx2, pending_Bx2)
+    num_pending_B = jnp.where(live_B, jnp.where(full_B, 2, 1), num_pending_B)
+    return cache, pending_Bx2, num_pending_B
+
+
+@dataclasses.dataclass(frozen=True)
+class NoDrafts:
+  """The drafting of a decode without drafts (autoregressive): L = 0 tokens per path."""
+
+  def draft(self, model, params, cache, pending_Bx2, num_pending_B, key_B, probs, *,
+            num_drafts: int, draft_len: int, share_prefixes: bool,
+            stop=None) -> Drafts:  # fmt: skip
+    del model, params, num_pending_B, key_B, probs, draft_len, share_prefixes, stop
+    b = pending_Bx2.shape[0]
+    return Drafts(
+      jnp.zeros((b, num_drafts, 0), jnp.int32), None, cache, jnp.zeros((b,), bool), jnp.int32(0)
+    )
+
+  def prefill(self, prefill: Callable):
+    """No draft model, no cache."""
+    del prefill
+
+  def commit(self, model, cache, tail_B, tokens_BxL1, num_B, length_B, last_B, live_B,
+             pending_Bx2, num_pending_B):  # fmt: skip
+    """Nothing to commit: the state's pending tokens as they are."""
+    del model, tail_B, tokens_BxL1, num_B, length_B, last_B, live_B
+    return cache, pending_Bx2, num_pending_B

@@ -33,8 +33,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from spectr_jax import engine, memory, metrics, programs, sharding, targets
-from spectr_jax.config import DecodeSpec
+from spectr_jax import engine, memory, metrics, plan, programs, sharding, targets
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, ModelConfig, init_params, param_axes
 
 __all__ = [
@@ -421,7 +421,7 @@ def dry_run(
   `progress(build)` is called after each."""
   grouped: dict[Any, tuple[DecodeSpec, list[str]]] = {}
   for cell, spec in specs:
-    key = engine.round_spec(spec, draft if spec.speculative else None, target)
+    key = plan.resolve(spec, draft if spec.speculative else None, target)
     grouped.setdefault(key, (spec, []))[1].append(cell)
   builds = []
   for spec, cells in grouped.values():

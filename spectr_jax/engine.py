@@ -23,6 +23,7 @@ hit (L + 1 tokens) it has two pending tokens, fed together at the start of the n
 
 import contextlib
 import functools
+import warnings
 from typing import NamedTuple
 
 import jax
@@ -30,10 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spectr_jax import acceptance, checks, loops, methods, rounds, sharding
-from spectr_jax.config import DecodeSpec
+from spectr_jax import checks, loops, plan, rounds, sharding
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import KVCache, ModelBundle, ModelConfig, check_params, placement
-from spectr_jax.rounds import DecodeStats, Traced
+from spectr_jax.plan import DecodePlan, Traced
+from spectr_jax.rounds import DecodeStats
 from spectr_jax.sharding import DATA_AXIS
 
 __all__ = [
@@ -43,8 +45,8 @@ __all__ = [
   "compiled_program",
   "generate",
   "lower",
-  "round_spec",
-  "traced_values",
+  "lower_round",
+  "round_program",
 ]
 
 
@@ -57,10 +59,11 @@ class GenerateOutput(NamedTuple):
 
 
 def _decode(
-  spec, lockstep, key, prompt_ids_B, prompts_BxP, lengths_B, draft_params, target_params, traced
-):
+  decode_plan, lockstep, key, prompt_ids_B, prompts_BxP, lengths_B, draft_params, target_params,
+  traced,
+):  # fmt: skip
   row_key_B = jax.vmap(jax.random.fold_in, (None, 0))(key, prompt_ids_B)
-  state = rounds.init_state(spec, draft_params, target_params, prompts_BxP, lengths_B)
+  state = rounds.init_state(decode_plan, draft_params, target_params, prompts_BxP, lengths_B)
 
   def running(s):
     if not lockstep:
@@ -71,21 +74,21 @@ def _decode(
 
   state = jax.lax.while_loop(
     running,
-    lambda s: rounds.run_round(spec, draft_params, target_params, row_key_B, s, traced),
+    lambda s: rounds.run_round(decode_plan, draft_params, target_params, row_key_B, s, traced),
     state,
   )
-  n = spec.max_new_tokens
+  n = decode_plan.max_new_tokens
   tokens_BxT = jnp.where(jnp.arange(n) < state.num_out_B[:, None], state.out_BxW[:, :n], 0)
   return GenerateOutput(tokens_BxT, state.num_out_B, state.stats)
 
 
 @functools.cache
-def compiled_program(spec: rounds.RoundSpec, mesh: jax.sharding.Mesh | None = None):
-  """The jitted program that `generate` runs for `spec` (`round_spec`; cached; for
-  inspecting its HLO, memory or profile): (key, prompt_ids_B, prompts_BxP, lengths_B, draft_params,
-  target_params, traced) -> GenerateOutput."""
+def compiled_program(decode_plan: DecodePlan, mesh: jax.sharding.Mesh | None = None):
+  """The jitted program that `generate` runs for a plan (`plan.resolve`; cached; for
+  inspecting its HLO, memory or profile): (key, prompt_ids_B, prompts_BxP, lengths_B,
+  draft_params, target_params, traced) -> GenerateOutput."""
   lockstep = sharding.model_size(mesh) > 1
-  fn = functools.partial(_decode, spec, lockstep)
+  fn = functools.partial(_decode, decode_plan, lockstep)
   if mesh is not None:
     # Rows are split over "data" by hand (each device's rows run their own rounds); the
     # "model" axis stays automatic: GSPMD partitions the model calls by the parameters'
@@ -210,7 +213,7 @@ def generate(
   Returns:
     `GenerateOutput(tokens_BxT, lengths_B, stats)`, T = `spec.max_new_tokens`.
   """
-  program_spec, args, b = _prepare(
+  decode_plan, args, b = _prepare(
     key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh
   )
   if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(args)):
@@ -218,7 +221,7 @@ def generate(
       "generate needs arrays on devices that run: got abstract parameters or a mesh of "
       "compile-only devices (engine.lower builds the program for them)"
     )
-  out = compiled_program(program_spec, mesh)(*args)
+  out = compiled_program(decode_plan, mesh)(*args)
   if mesh is not None:
     out = jax.tree.map(lambda x: x[:b], sharding.fetch(out))
   return out
@@ -237,10 +240,10 @@ def lower(
 ) -> jax.stages.Lowered:
   """The lowered program `generate` runs for these arguments (for its HLO, cost or
   memory: `.compile().as_text()`, `.compile().memory_analysis()`)."""
-  program_spec, args, _ = _prepare(
+  decode_plan, args, _ = _prepare(
     key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh
   )
-  return compiled_program(program_spec, mesh).lower(*args)
+  return compiled_program(decode_plan, mesh).lower(*args)
 
 
 def lower_round(
@@ -263,18 +266,18 @@ def lower_round(
   spec `layer_stack="unroll"` for the models' layers too): XLA's cost analysis counts a
   loop's body once, so only then are the compiler's flops and bytes those of a round.
   """
-  program_spec, args, _ = _prepare(
+  decode_plan, args, _ = _prepare(
     key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh
   )
   key, ids, prompts_BxP, lengths_B, draft_params, target_params, traced = args
   state = jax.eval_shape(
-    functools.partial(rounds.init_state, program_spec),
+    functools.partial(rounds.init_state, decode_plan),
     *sharding.abstract((draft_params, target_params, prompts_BxP, lengths_B)),
   )
   if mesh is not None:
     state = sharding.put(state, _state_shardings(state, mesh))
   with loops.unrolled() if unroll else contextlib.nullcontext():
-    return round_program(program_spec, mesh).lower(
+    return round_program(decode_plan, mesh).lower(
       key, ids, draft_params, target_params, traced, state
     )
 
@@ -293,7 +296,7 @@ def _state_shardings(state: rounds.State, mesh: jax.sharding.Mesh) -> rounds.Sta
   return specs
 
 
-def _state_specs(spec: rounds.RoundSpec) -> rounds.State:
+def _state_specs(decode_plan: DecodePlan) -> rounds.State:
   """The `PartitionSpec`s of a round's state over "data" (a prefix of `rounds.State`): every
   field's batch axis (a cache's by `sharding.CACHE_AXES`)."""
   rows = PartitionSpec(DATA_AXIS)
@@ -309,19 +312,19 @@ def _state_specs(spec: rounds.RoundSpec) -> rounds.State:
   return rounds.State(
     rounds_B=rows, done_B=rows, last_B=rows, pending_Bx2=rows, num_pending_B=rows,
     out_BxW=rows, num_out_B=rows, target_cache=cache(),
-    draft_cache=cache() if spec.draft_len > 0 else None, stats=rows,
+    draft_cache=None if decode_plan.draft_config is None else cache(), stats=rows,
   )  # fmt: skip
 
 
 @functools.cache
-def round_program(spec: rounds.RoundSpec, mesh: jax.sharding.Mesh | None = None):
+def round_program(decode_plan: DecodePlan, mesh: jax.sharding.Mesh | None = None):
   """The jitted program of one round (`rounds.run_round`; cached): (key, prompt_ids_B,
   draft_params, target_params, traced, state) -> state, the state donated (its caches
   are updated in place, as in the decode's loop)."""
 
   def one_round(key, ids_B, draft_params, target_params, traced, state):
     row_key_B = jax.vmap(jax.random.fold_in, (None, 0))(key, ids_B)
-    return rounds.run_round(spec, draft_params, target_params, row_key_B, state, traced)
+    return rounds.run_round(decode_plan, draft_params, target_params, row_key_B, state, traced)
 
   fn = one_round
   if mesh is not None:
@@ -329,50 +332,30 @@ def round_program(spec: rounds.RoundSpec, mesh: jax.sharding.Mesh | None = None)
     fn = jax.shard_map(
       one_round,
       mesh=mesh,
-      in_specs=(rep, data, rep, rep, rep, _state_specs(spec)),
-      out_specs=_state_specs(spec),
+      in_specs=(rep, data, rep, rep, rep, _state_specs(decode_plan)),
+      out_specs=_state_specs(decode_plan),
       axis_names={DATA_AXIS},
       check_vma=False,
     )
   return jax.jit(fn, donate_argnums=5, compiler_options=compiler_options(mesh))
 
 
-def round_spec(
-  spec: DecodeSpec, draft: ModelConfig | None, target: ModelConfig
-) -> rounds.RoundSpec:
-  """The static description of the program that decodes `spec` with these models (what
-  `compiled_program` is keyed by)."""
-  return rounds.RoundSpec(
-    method=spec.method,
-    num_drafts=spec.num_drafts,
-    draft_len=spec.draft_len,
-    max_new_tokens=spec.max_new_tokens,
-    top_k=spec.top_k or None,
-    use_top_p=spec.top_p < 1,
-    rho_mode=acceptance.split_rho(spec.rho)[0] if methods.get(spec.method).takes_rho else "",
-    draft_config=draft if spec.speculative else None,
-    target_config=target,
-    dedup=spec.dedup,
-    branching=spec.branching or None,
-    greedy=spec.greedy,
-    scan_layers=spec.scan_layers,
-    drafting=spec.drafting,
-    adaptive=spec.adaptive > 0,
-    node_budget=spec.node_budget > 0,
-  )
+def round_spec(spec: DecodeSpec, draft: ModelConfig | None, target: ModelConfig) -> DecodePlan:
+  """Deprecated: `plan.resolve(spec, draft, target)`."""
+  warnings.warn(
+    "engine.round_spec is deprecated: use spectr_jax.plan.resolve", DeprecationWarning,
+    stacklevel=2,
+  )  # fmt: skip
+  return plan.resolve(spec, draft, target)
 
 
 def traced_values(spec: DecodeSpec) -> Traced:
-  """The values of `spec` its program takes as arguments (one program serves them all)."""
-  return Traced(
-    temperature=jnp.float32(spec.temperature),
-    top_p=jnp.float32(spec.top_p),
-    rho_value=acceptance.split_rho(spec.rho)[1],
-    eos_ids=jnp.asarray(spec.eos_ids or (-1,), jnp.int32),
-    token_limit=jnp.int32(spec.token_limit or spec.max_new_tokens),
-    threshold=jnp.float32(spec.adaptive),
-    node_budget=jnp.float32(spec.node_budget),
-  )
+  """Deprecated: `plan.traced(spec)`."""
+  warnings.warn(
+    "engine.traced_values is deprecated: use spectr_jax.plan.traced", DeprecationWarning,
+    stacklevel=2,
+  )  # fmt: skip
+  return plan.traced(spec)
 
 
 def _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh):
@@ -404,14 +387,15 @@ def _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh
     raise ValueError(
       f"the mesh needs a {DATA_AXIS!r} axis (sharding.make_mesh), got axes {mesh.axis_names}"
     )
-  program_spec = round_spec(spec, None if draft is None else draft.config, target.config)
+  decode_plan = plan.resolve(spec, None if draft is None else draft.config, target.config)
   b = np.shape(prompts)[0]
   ids = jnp.arange(b, dtype=jnp.int32) if prompt_ids is None else prompt_ids
   rows = tuple(
     x if isinstance(x, jax.ShapeDtypeStruct) else jnp.asarray(x, jnp.int32)
     for x in (ids, prompts, prompt_lengths)
   )
-  args = [key, *rows, None if draft is None else draft.params, target.params, traced_values(spec)]
+  traced = plan.traced(spec, decode_plan)
+  args = [key, *rows, None if draft is None else draft.params, target.params, traced]
   leaves = jax.tree.leaves(args)
   if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves) or (
     mesh is not None and sharding.is_compile_only(mesh)
@@ -426,4 +410,4 @@ def _prepare(key, spec, draft, target, prompts, prompt_lengths, prompt_ids, mesh
     rows = sharding.put((ids, prompts, lengths), NamedSharding(mesh, PartitionSpec(DATA_AXIS)))
     replicated = sharding.put((args[0], args[6]), NamedSharding(mesh, PartitionSpec()))
     args = [replicated[0], *rows, args[4], args[5], replicated[1]]
-  return program_spec, tuple(args), b
+  return decode_plan, tuple(args), b

@@ -17,9 +17,33 @@ import jax.numpy as jnp
 import numpy as np
 
 from spectr_jax import acceptance, analysis, checks, runs, train
-from spectr_jax.config import EvalConfig
 from spectr_jax.data import BOS_ID, PAD_ID, Dataset, Prompts, heldout_rows, make_prompts
 from spectr_jax.models import ModelBundle, count_params
+from spectr_jax.schema import Schema
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig(Schema):
+  """What `evaluate.evaluate_pair` measures.
+
+  Attributes:
+    eval_rows: held-out rows of `seq_len + 1` tokens for perplexity and teacher-forced
+      acceptance (0 = all).
+    batch_size: rows per forward pass.
+    num_prompts: prompts (held-out sentence starts) for the sampled acceptance.
+    prompt_len: sentence ids per prompt (after BOS).
+    num_tokens: tokens sampled from the target after each prompt.
+    temperature: sampling temperature of the target (and of both distributions).
+    seed: selects the prompts and seeds the sampling.
+  """
+
+  eval_rows: int = 0
+  batch_size: int = 32
+  num_prompts: int = 64
+  prompt_len: int = 8
+  num_tokens: int = 32
+  temperature: float = 1.0
+  seed: int = 0
 
 
 def _overlap_BxT(

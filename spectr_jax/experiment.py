@@ -33,9 +33,11 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from spectr_jax import checks, engine, locks, memory, methods, pairs, results, runs, sharding
-from spectr_jax.config import DecodeSettings, DecodeSpec, SweepConfig, resolve, rhos_for
 from spectr_jax.data import EOS_ID, make_prompts
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelConfig, param_axes
+from spectr_jax.pair_config import resolve
+from spectr_jax.sweep_config import Prompts, SweepConfig, cell_record, rhos_for
 
 
 class InexactError(ValueError):
@@ -47,6 +49,7 @@ class Cell:
   """Everything that defines one cell's result (its key hashes all of it).
 
   rho is None for methods without a split factor; K = 1, L = 0 for "autoregressive".
+  spec is the cell's `DecodeSpec` without stop tokens (`cell_spec` adds the pair's);
   pair is `pairs.Pair.fingerprint`.
   """
 
@@ -55,16 +58,18 @@ class Cell:
   draft_len: int
   rho: str | float | None
   seed: int
-  decoding: DecodeSettings
+  spec: DecodeSpec
+  prompts: Prompts
   pair: str
 
   def as_record(self) -> dict[str, Any]:
-    """The flat dict stored as a record's "cell" (the decoding settings inlined)."""
+    """The flat dict stored as a record's "cell" (its settings inlined:
+    `sweep_config.cell_record`)."""
     head = (self.method, self.num_drafts, self.draft_len, self.rho, self.seed)
     names = ("method", "num_drafts", "draft_len", "rho", "seed")
     return {
       **dict(zip(names, head, strict=True)),
-      **self.decoding.cell_fields(),
+      **cell_record(self.spec, self.prompts),
       "pair": self.pair,
     }
 
@@ -88,9 +93,8 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
   (`Method.grid_drafts`: autoregressive decoding and single-draft methods at K = 1,
   multi-draft methods at their K >= 2, since at K = 1 they are their `single` method) for
   every L (autoregressive once), and methods with a split factor once per rho; a fixed
-  rho above K is skipped (it is clipped to K, i.e. the "k" strategy). `decoding.dedup`
-  applies to the cells with drafts (L >= 1), `decoding.branching` to those of a scheme
-  that draws trees (`methods.Drafting.branches`).
+  rho above K is skipped (it is clipped to K, i.e. the "k" strategy). Each cell decodes
+  the sweep's template with its method, K, L and rho (`SweepConfig.cell_spec`).
 
   Args:
     config: the sweep.
@@ -109,25 +113,20 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
         )
         grid += [(method.name, k, draft_len, rho) for rho in rhos]
 
-  # Settings a cell cannot use are left at their defaults, so it keeps one key (decoded
-  # once) across sweeps that differ only in them: rounds without drafts have no tree to dedup and
-  # no drafting scheme, a method's own default scheme is stored as "", and a scheme that
-  # draws no tree takes no branching.
-  def settings(method, draft_len):
-    scheme = methods.scheme(method, config.decoding.drafting)
-    return dataclasses.replace(
-      config.decoding,
-      dedup=config.decoding.dedup and draft_len > 0,
-      adaptive=config.decoding.adaptive if draft_len else 0.0,
-      node_budget=config.decoding.node_budget if draft_len else 0.0,
-      branching=config.decoding.branching if scheme and scheme.branches and draft_len else "",
-      drafting=""
-      if not draft_len or config.decoding.drafting == methods.get(method).drafting
-      else config.decoding.drafting,
-    )
-
+  # Each cell's spec from the template: settings a cell cannot use are left at their
+  # defaults (`DecodeSpec` resets them), so a cell keeps one key across sweeps that differ
+  # only in them.
   cells = [
-    Cell(method, k, draft_len, rho, seed, settings(method, draft_len), pair)
+    Cell(
+      method,
+      k,
+      draft_len,
+      rho,
+      seed,
+      config.cell_spec(method, k, draft_len, "star" if rho is None else rho, eos_ids=()),
+      config.prompts,
+      pair,
+    )  # fmt: skip
     for method, k, draft_len, rho in grid
     for seed in config.seeds
   ]
@@ -138,8 +137,7 @@ def expand(config: SweepConfig, pair: str) -> list[Cell]:
 
 def cell_spec(cell: Cell, eos_ids: Sequence[int] = (EOS_ID,)) -> DecodeSpec:
   """The `DecodeSpec` a cell decodes (`eos_ids`: the pair's stop tokens)."""
-  rho = "star" if cell.rho is None else cell.rho
-  return cell.decoding.spec(cell.method, cell.num_drafts, cell.draft_len, rho, eos_ids)
+  return cell.spec.replace(eos_ids=tuple(eos_ids) if cell.prompts.stop_at_eos else ())
 
 
 def _stats_record(stats_list: Sequence[engine.DecodeStats], rows: Sequence[int]) -> dict:
@@ -184,7 +182,7 @@ def run_cell(
     The record: per-prompt emitted tokens and rounds, per-position totals, block
     efficiency, and the timing of the warm-up and of the timed batches.
   """
-  settings = cell.decoding
+  settings = cell.prompts
   prompts = make_prompts(
     pair.heldout, settings.num_prompts, settings.prompt_len, cell.seed, pair.special
   )
@@ -278,8 +276,8 @@ def memory_plan(
       method=method,
       num_drafts=k,
       draft_len=length,
-      prompt_width=config.decoding.prompt_len + 1,
-      max_new_tokens=config.decoding.max_new_tokens,
+      prompt_width=config.prompts.prompt_len + 1,
+      max_new_tokens=config.decode.max_new_tokens,
       params=params,
     )
     for method, (k, length) in largest.items()

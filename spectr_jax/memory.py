@@ -37,10 +37,39 @@ import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding
 
 from spectr_jax import methods, sharding
-from spectr_jax.config import DecodeSpec, device_memory_bytes
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelConfig, init_cache, init_params, param_axes
 
 GB = 1e9
+
+GIB = 2**30
+# Nominal HBM per chip / GPU (the usable limit a device reports is a little lower).
+DEVICE_MEMORY: Mapping[str, int] = {
+  "tpu-v4": 32 * GIB,
+  "tpu-v5e": 16 * GIB,
+  "tpu-v5p": 95 * GIB,
+  "tpu-v6e": 32 * GIB,
+  "a100-40gb": 40 * GIB,
+  "a100-80gb": 80 * GIB,
+  "h100": 80 * GIB,
+  "h200": 141 * GIB,
+}
+
+
+def device_memory_bytes(name: str) -> int:
+  """The bytes of a device memory setting: a key of `DEVICE_MEMORY` (e.g. "tpu-v5e") or
+  a positive number of GiB (e.g. "16"); a clear error otherwise."""
+  if name.lower() in DEVICE_MEMORY:
+    return DEVICE_MEMORY[name.lower()]
+  try:
+    gib = float(name)
+  except ValueError:
+    gib = 0.0
+  if not 0 < gib < math.inf:
+    raise ValueError(
+      f"device memory must be a number of GiB or one of {', '.join(DEVICE_MEMORY)}, got {name!r}"
+    )
+  return int(gib * GIB)
 
 
 class DoesNotFitError(ValueError):

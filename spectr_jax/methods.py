@@ -1,43 +1,47 @@
-"""The method registry: one record per decoding method, the seam every layer iterates over.
+"""The method registry: one record per decoding method and per drafting scheme.
 
-A record says everything the rest of the framework needs to know about a method: its
-verify function and whether it decides per position ("token") or over the whole block
-("block"), which K it takes and what it becomes at K = 1, whether it takes the split
-factor rho, the drafting scheme its drafts come from, its verifier workspace (memory
-plan), its closed-form per-position acceptance where one exists, and how reports label,
-order, and compare it (plots give each multi-draft method its own colour, in registry
-order). The engine, `experiment.expand`, `memory`, `analysis`, `report` and the configs
-read this table; none of them names a method.
+A `Method` record holds a verifier's function and everything else the framework needs:
+its level ("token": position by position; "block": over the whole block), the K it takes
+and what it is at K = 1, whether it takes the split factor rho, its drafting scheme and
+the drafting laws it is exact for, its workspace, its closed-form acceptance, and how
+reports label and compare it. A `Drafting` record holds a scheme's per-depth draw
+(`drafting.Depths`). Records reference their functions directly. The engine, sweeps,
+memory plans, analyses and reports read these tables; none of them names a method.
 
-Adding a verifier: write its function (one module, or one function in an existing one)
-with the signature of its level, add one `Method` to `METHODS` below, and test it
-(tests/test_methods.py checks every record's references and the boundary uniforms).
+Adding a verifier: write its verdict function with the signature of its level, add one
+`Method` (`register` from your own module), and check it (`spectr_jax.testing`).
 
-  token level:  fn(key, drafts_K, p_V, q_V, valid_K) -> Verdict
+  token level:  fn(key, drafts_K, p_V, q_V, valid_K) -> verify.Verdict
                 (methods with `takes_rho` also get keyword arguments rho_mode, rho_value)
-                k = sum(valid_K) valid drafts, i.i.d. from p (or drawn by the method's
-                drafting scheme); with none valid, the function samples q.
-  block level:  fn(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockVerdict
-                (index convention of `verify.verify_block`).
+  block level:  fn(key, drafts_KxL, p_KxLxV, q_KxL1xV[, length_K=]) -> verify.BlockVerdict
 
-Functions are named by "module:function" strings and imported on first use, so this
-module (and the config boundary that validates method names with it) imports no JAX.
+`python -m spectr_jax.methods` prints the registered methods and schemes as a table.
 """
 
 import dataclasses
+import functools
 import importlib
-import math
+import inspect
+import sys
+import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+
+import jax
+
+from spectr_jax import acceptance, block, checks, drafting, optimal, traversal, verify
+from spectr_jax.acceptance import RHO_NAMES, check_rho
+from spectr_jax.drafting import PROPORTIONAL, check_branching
+from spectr_jax.verdict import OVERSHOOT_TOL, BlockVerdict, Verdict
 
 __all__ = [
+  "DRAFTING",
   "LEVELS",
   "METHODS",
   "OVERSHOOT_TOL",
   "PROPORTIONAL",
+  "RHO_NAMES",
   "BlockVerdict",
   "Drafting",
-  "DRAFTING",
   "Method",
   "Verdict",
   "check_branching",
@@ -48,86 +52,75 @@ __all__ = [
   "names",
   "register",
   "register_drafting",
-  "resolve",
   "scheme",
+  "table",
+  "verify_drafts",
 ]
 
 LEVELS = ("none", "token", "block")
-RHO_NAMES = ("star", "k")
-# An overshoot (`Verdict.overshoot`) above this marks a position whose output law is not q
-# (float32 rounding of an exact verifier stays orders of magnitude below it).
-OVERSHOOT_TOL = 1e-6
 
 
-class Verdict(NamedTuple):
-  """What a token-level verifier returns for one position.
-
-  token: the int32 output token. accepted: whether it came from the accept branch.
-  rho: the split factor used (K-SEQ; 1 for single-draft rules, 0 for methods without one).
-  overshoot: sum_x max(A(x) - q(x), 0), the mass by which the accept branch's law A
-    exceeds the target: 0 for an exact verifier; > 0 means the residual would be
-    negative and the output law is not q (a fixed rho below what the position needs).
-  """
-
-  token: Any
-  accepted: Any
-  rho: Any = 0.0
-  overshoot: Any = 0.0
+def _function(value: Callable | str | None, what: str) -> Callable | str | None:
+  """A record's function; a "module:name" string (the old form) is kept, with a warning,
+  and imported where it is called (`resolve`)."""
+  if isinstance(value, str) and value:
+    warnings.warn(
+      f"{what} as a 'module:function' string is deprecated: give the function itself",
+      DeprecationWarning, stacklevel=4,
+    )  # fmt: skip
+  return value or None
 
 
-class BlockVerdict(NamedTuple):
-  """What a block-level verifier returns for one block (index t = 0..L).
-
-  tokens_L1: the emitted tokens, `tokens_L1[:num_tokens]` (the rest 0).
-  num_tokens: 1 <= num_tokens <= L + 1.
-  survivors_L1: the draft paths that agree with the verified path at depth t.
-  """
-
-  tokens_L1: Any
-  num_tokens: Any
-  survivors_L1: Any
-
-
-def resolve(reference: str) -> Callable:
-  """The object a "module:name" reference names (imported on first use)."""
+def resolve(reference: Callable | str) -> Callable:
+  """The function a record holds (a "module:name" string of the old form, imported)."""
+  if callable(reference):
+    return reference
   module, _, name = reference.partition(":")
   return getattr(importlib.import_module(module), name)
 
 
 @dataclasses.dataclass(frozen=True)
 class Drafting:
-  """A drafting scheme: how a round's K draft sequences are drawn.
+  """A drafting scheme: how a round's K draft paths are drawn.
 
   Attributes:
     name: the registry key.
-    draft: "module:function" of the scheme (see `spectr_jax.drafting`).
-    bound: "module:function" of the per-position optimum for k drafts of this scheme,
-      (p_XxV, q_XxV, k) -> [X], or "" where none is implemented.
+    depths: (num_drafts, draft_len, branching) -> `drafting.Depths`, the scheme's
+      per-depth draws and tree levels; `drafting.draft_paths` runs them (dedup and
+      adaptive length included).
+    bound: the per-position optimum for k drafts of this law, (p_XxV, q_XxV, k) -> [X],
+      or None.
     bound_label: how tables name that bound.
     summary: one line for docs and reports.
-    check: "module:function" that raises a clear error for concrete drafts_KxL this
-      scheme cannot have drawn (`verify.verify_block` runs it), or "".
-    branches: whether the scheme draws a tree and takes its shape, children per depth
-      or "proportional" (`DecodeSpec.branching`, passed on as the scheme's
-      `branching`).
-    law: the drafting law its drafts follow, which decides the verifiers exact for it
-      (`Method.exact_for`): "iid" (K i.i.d. sequences) or "wor" (a tree drawn without
-      replacement); default: the scheme's name. A new scheme of an existing law is
-      verified by every verifier exact for that law, with no new method record.
+    check: raises a clear error for concrete drafts_KxL this scheme cannot have drawn,
+      or None.
+    branches: whether the scheme draws a tree shape it is given (`DecodeSpec.branching`).
+    law: the law its drafts follow ("iid": K i.i.d. paths; "wor": a tree drawn without
+      replacement); default: its name. A verifier is exact for a scheme when the
+      verifier's `exact_for` holds its law.
+    verifiers: methods exact for this scheme besides those whose `exact_for` holds its
+      law (a new law's author names the verifiers the workbench passed).
   """
 
   name: str
-  draft: str
-  bound: str
-  bound_label: str
-  summary: str
-  check: str = ""
+  depths: Callable | None = None
+  bound: Callable | str | None = None
+  bound_label: str = ""
+  summary: str = ""
+  check: Callable | str | None = None
   branches: bool = False
   law: str = ""
+  verifiers: tuple[str, ...] = ()
+  draft: Callable | str | None = None  # deprecated: a whole scheme function
 
   def __post_init__(self):
+    set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
     if not self.law:
-      object.__setattr__(self, "law", self.name)
+      set_("law", self.name)
+    for name in ("bound", "check", "draft"):
+      set_(name, _function(getattr(self, name), f"Drafting.{name}"))
+    if self.depths is None and self.draft is None:
+      raise ValueError(f"drafting scheme {self.name!r} needs its per-depth draws (depths)")
 
 
 DRAFTING: dict[str, Drafting] = {
@@ -135,22 +128,22 @@ DRAFTING: dict[str, Drafting] = {
   for d in (
     Drafting(
       name="iid",
-      draft="spectr_jax.drafting:iid",
-      bound="spectr_jax.acceptance:optimal_acceptance_X",
+      depths=drafting.iid_depths,
+      bound=acceptance.optimal_acceptance_X,
       bound_label="optimal alpha*",
       summary="K i.i.d. draft sequences of length L (duplicates are separate chances)",
     ),
     Drafting(
       name="wor",
-      draft="spectr_jax.drafting:without_replacement",
-      bound="spectr_jax.acceptance:wor_bound_X",
+      depths=drafting.tree_depths,
+      bound=acceptance.wor_bound_X,
       bound_label="optimal w/o replacement (prefix search)",
       summary="a static tree whose children are drawn without replacement at every node "
       "(Gumbel-top-k law); by default K distinct first tokens, each path continuing alone "
       "(Jeon et al., arXiv 2402.14160; Hu et al., arXiv 2502.18779; Sequoia, arXiv "
       "2402.12374); where a node has fewer tokens with mass than children, the extra "
       "children copy the first child's subtree",
-      check="spectr_jax.drafting:check_distinct",
+      check=drafting.check_distinct,
       branches=True,
     ),
   )
@@ -165,31 +158,27 @@ class Method:
     name: the registry key (what configs, cells and `engine.generate` use).
     level: "none" (autoregressive: no drafts), "token" (walked position by position by
       `verify.walk`) or "block" (decides over the whole block).
-    verify: "module:function" of the verify function ("" for level "none").
+    verify: its verdict function (None for level "none"; signatures in the module
+      docstring).
     summary: one line for docs and reports (with the paper it comes from).
     max_drafts: the largest K it takes (None: any K >= 1).
     single: the method it is at K = 1 ("kseq" is "sd" there); sweeps run it only at
-      K >= 2 and draw that method's K = 1 cell as the start of its line. None: itself.
-    takes_rho: it has a split factor rho ("star", "k" or a number; one sweep cell per
-      rho); only these verify functions see rho.
-    drafting: its default drafting scheme (a name in `DRAFTING`); a decode may name
-      another (`DecodeSpec.drafting`) of a law in `exact_for`.
+      K >= 2. None: itself.
+    takes_rho: it has a split factor rho ("star", "k" or a number; one cell per rho).
+    drafting: its default drafting scheme (a name in `DRAFTING`).
     exact_for: the drafting laws (`Drafting.law`) for which its output follows the
       target's law; default: its default scheme's law.
     workspace_bytes: one row's verifier workspace beyond the round's probability arrays
-      (`memory.plan`; e.g. the optimal plan's levels).
-    acceptance: "module:function" of its exact per-position hit probability with k
-      drafts, (p_XxV, q_XxV, k[, rho]) -> [X] (methods with `takes_rho` get rho), or "".
+      (`memory.plan`).
+    acceptance: its exact per-position hit probability with k drafts, (p_XxV, q_XxV,
+      k[, rho]) -> [X], or None.
     label: the name tables and plots print.
     compare_with: methods it is compared with cell by cell (paired gains in reports).
-    takes_length: a block-level verify function that takes length_K= (each path verified
-      up to its own length: a tree budget, `adaptive.budget_nodes`); token-level methods
-      all do (`verify.walk_positions`).
   """
 
   name: str
   level: str
-  verify: str
+  verify: Callable | str | None
   summary: str
   max_drafts: int | None = None
   single: str | None = None
@@ -197,16 +186,17 @@ class Method:
   drafting: str = "iid"
   exact_for: tuple[str, ...] = ()
   workspace_bytes: int = 0
-  acceptance: str = ""
+  acceptance: Callable | str | None = None
   label: str = ""
   compare_with: tuple[str, ...] = ()
-  takes_length: bool = False
 
   def __post_init__(self):
     if self.level not in LEVELS:
       raise ValueError(f"method {self.name!r}: level must be one of {LEVELS}")
     if self.drafting not in DRAFTING and self.level != "none":
       raise ValueError(f"method {self.name!r}: unknown drafting scheme {self.drafting!r}")
+    object.__setattr__(self, "verify", _function(self.verify, "Method.verify"))
+    object.__setattr__(self, "acceptance", _function(self.acceptance, "Method.acceptance"))
     if not self.label:
       object.__setattr__(self, "label", self.name)
     if not self.exact_for and self.level != "none":
@@ -222,13 +212,21 @@ class Method:
     """Whether it takes K >= 2."""
     return self.speculative and self.max_drafts is None
 
+  @property
+  def takes_length(self) -> bool:
+    """Whether it verifies each path to a length of its own: every token-level method;
+    a block-level one whose function takes `length_K=`."""
+    if self.level != "block":
+      return self.level == "token"
+    return "length_K" in inspect.signature(self.function()).parameters
+
   def function(self) -> Callable:
-    """The verify function (imported on first use)."""
+    """The verdict function."""
     return resolve(self.verify)
 
   def acceptance_function(self) -> Callable | None:
     """The closed-form per-position acceptance, or None."""
-    return resolve(self.acceptance) if self.acceptance else None
+    return None if self.acceptance is None else resolve(self.acceptance)
 
   def check_drafts(self, num_drafts: int) -> None:
     """Raises a clear error for a K this method cannot take."""
@@ -237,9 +235,7 @@ class Method:
 
   def grid_drafts(self, num_drafts: Sequence[int]) -> list[int]:
     """The K values of a sweep grid this method runs (K = 1 only where it is itself)."""
-    if not self.speculative:
-      return [1]
-    if self.max_drafts is not None:
+    if not self.speculative or self.max_drafts is not None:
       return [1]
     if self.single is None:
       return list(num_drafts)
@@ -258,62 +254,62 @@ METHODS: dict[str, Method] = {
     Method(
       name="autoregressive",
       level="none",
-      verify="",
+      verify=None,
       summary="target only, one token per round (the baseline)",
       max_drafts=1,
     ),
     Method(
       name="sd",
       level="token",
-      verify="spectr_jax.verify:sd_position",
+      verify=verify.sd_verdict,
       summary="single-draft speculative sampling (Leviathan et al. 2023; Chen et al. 2023)",
       max_drafts=1,
       exact_for=ONE_DRAFT_LAWS,
-      acceptance="spectr_jax.acceptance:overlap_X",
+      acceptance=acceptance.overlap_X,
     ),
     Method(
       name="kseq",
       level="token",
-      verify="spectr_jax.verify:kseq_position",
+      verify=verify.kseq_verdict,
       summary="SpecTr's K-SEQ with split factor rho (Sun et al., NeurIPS 2023)",
       single="sd",
       takes_rho=True,
-      acceptance="spectr_jax.acceptance:kseq_acceptance_X",
+      acceptance=acceptance.kseq_acceptance_X,
     ),
     Method(
       name="specinfer",
       level="token",
-      verify="spectr_jax.verify:specinfer_position",
+      verify=verify.specinfer_verdict,
       summary="SpecInfer's recursive rejection sampling (Miao et al. 2024)",
       single="sd",
-      acceptance="spectr_jax.acceptance:specinfer_acceptance_X",
+      acceptance=acceptance.specinfer_acceptance_X,
     ),
     Method(
       name="optimal",
       level="token",
-      verify="spectr_jax.optimal:position_verdict",
+      verify=optimal.position_verdict,
       summary="the OT-optimal verifier reaching alpha* (docs/OPTIMAL_VERIFIER.md)",
       single="sd",
       workspace_bytes=PLAN_WORKSPACE_BYTES,
-      acceptance="spectr_jax.acceptance:optimal_acceptance_X",
+      acceptance=acceptance.optimal_acceptance_X,
       compare_with=("kseq",),
     ),
     Method(
       name="rrs",
       level="token",
-      verify="spectr_jax.verify:rrs_position",
+      verify=verify.rrs_verdict,
       summary="recursive rejection sampling without replacement on drafts without "
       "replacement (Jeon et al., RSD, arXiv 2402.14160; SPEC section 5)",
       single="sd",
       drafting="wor",
-      acceptance="spectr_jax.acceptance:rrs_acceptance_X",
+      acceptance=acceptance.rrs_acceptance_X,
       label="RRS w/o replacement",
       compare_with=("specinfer", "kseq", "optimal"),
     ),
     Method(
       name="block",
       level="block",
-      verify="spectr_jax.block:verify_paths",
+      verify=block.verify_paths,
       summary="block verification of one draft (Sun et al., ICLR 2025)",
       max_drafts=1,
       exact_for=ONE_DRAFT_LAWS,
@@ -322,7 +318,7 @@ METHODS: dict[str, Method] = {
     Method(
       name="gbv",
       level="block",
-      verify="spectr_jax.block:verify_paths",
+      verify=block.verify_paths,
       summary="multi-path block verification: OT-optimal selection, then block "
       "verification against its law (derived here, docs/BLOCK_VERIFICATION.md)",
       single="block",
@@ -332,7 +328,7 @@ METHODS: dict[str, Method] = {
     Method(
       name="gbv_tp",
       level="block",
-      verify="spectr_jax.block:verify_tp_paths",
+      verify=block.verify_tp_paths,
       summary="greedy multi-path block verification: the lexicographically largest path "
       "in q/p order, block-verified against its skewed law (Thomas & Pal, arXiv 2602.16961)",
       single="block",
@@ -341,14 +337,13 @@ METHODS: dict[str, Method] = {
     Method(
       name="traversal",
       level="block",
-      verify="spectr_jax.traversal:verify_tree",
+      verify=traversal.verify_tree,
       summary="Traversal Verification: the tree of drafts without replacement verified "
       "leaf to root with sequence-level acceptance (Weng et al., arXiv 2505.12398)",
       single="block",
       drafting="wor",
       label="Traversal",
       compare_with=("rrs",),
-      takes_length=True,
     ),
   )
 }
@@ -385,8 +380,8 @@ def register(method: Method) -> None:
 
 def register_drafting(scheme: Drafting) -> None:
   """Adds a drafting scheme to `DRAFTING` (one record, in the scheme's own module): every
-  method exact for its law (`Method.exact_for`) then verifies it, in the engine, sweeps
-  and reports. Registering the same record again is a no-op.
+  method exact for it then verifies it, in the engine, sweeps and reports. Registering
+  the same record again is a no-op.
 
   Raises:
     ValueError: another scheme holds its name.
@@ -396,11 +391,15 @@ def register_drafting(scheme: Drafting) -> None:
   DRAFTING[scheme.name] = scheme
 
 
+def _exact(method: Method, scheme: Drafting) -> bool:
+  return scheme.law in method.exact_for or method.name in scheme.verifiers
+
+
 def exact_for(drafting: str) -> tuple[str, ...]:
   """The speculative methods whose output follows the target's law on the drafts of
   scheme `drafting` (registry order)."""
-  law = get_drafting(drafting).law
-  return tuple(m.name for m in METHODS.values() if law in m.exact_for)
+  chosen = get_drafting(drafting)
+  return tuple(m.name for m in METHODS.values() if m.speculative and _exact(m, chosen))
 
 
 def get_drafting(name: str) -> Drafting:
@@ -410,68 +409,95 @@ def get_drafting(name: str) -> Drafting:
   return DRAFTING[name]
 
 
-def scheme(method: str, drafting: str = "") -> Drafting | None:
-  """The drafting scheme a decode of `method` uses: `drafting`, or the method's default
-  where it is ""; None for a method without drafts.
+def scheme(method: str | Method, drafting: str = "") -> Drafting | None:
+  """The drafting scheme a decode of `method` (a name or its record) uses: `drafting`,
+  or the method's default where it is ""; None for a method without drafts.
 
   Raises:
     ValueError: an unknown method or scheme, or a pair whose output would not follow the
-      target's law (the method is not exact for the scheme's drafting law), named with
-      why and with the methods that are.
+      target's law, named with why and with the methods that are exact for the scheme.
   """
-  record = get(method)
+  record = get(method) if isinstance(method, str) else method
   if not record.speculative:
     return None
   chosen = get_drafting(drafting or record.drafting)
-  if chosen.law not in record.exact_for:
+  if not _exact(record, chosen):
     raise ValueError(
-      f"method {method!r} is not exact for drafting scheme {chosen.name!r}: it is exact "
+      f"method {record.name!r} is not exact for drafting scheme {chosen.name!r}: it is exact "
       f"for drafts of law {' or '.join(record.exact_for)}, and {chosen.name!r} draws "
-      f"{chosen.law!r} drafts ({chosen.summary.split(';')[0]}), so its output would not follow the "
-      f"target's law; methods exact for {chosen.name!r}: {', '.join(exact_for(chosen.name))}"
+      f"{chosen.law!r} drafts ({chosen.summary.split(';')[0]}), so its output would not "
+      f"follow the target's law; methods exact for {chosen.name!r}: "
+      f"{', '.join(exact_for(chosen.name))}"
     )
   return chosen
 
 
-# A tree shape drawn from the draft's path probabilities (`Drafting.branches` schemes).
-PROPORTIONAL = "proportional"
+def verify_drafts(
+  key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method="kseq", rho="star", return_stats=False,
+  drafting="",
+):  # fmt: skip
+  """Runs registered method `method` on one block of K draft paths of length L.
 
+  Index convention: p[i, t] = p(. | h, drafts[i, :t]) and q[i, t] = q(. | h,
+  drafts[i, :t]); q[i, L] is the bonus distribution after a full draft. Token-level
+  methods walk the block position by position, keeping the drafts equal to what was
+  emitted, and stop at the first miss; block-level methods decide at once. The emitted
+  tokens follow the target's sequence law.
 
-def check_branching(branching, num_drafts: int, draft_len: int) -> None:
-  """Raises a clear error unless `branching` is L integers >= 1 whose product is K, or
-  `PROPORTIONAL` (a tree shaped by the draft's path probabilities, drawn by
-  `drafting.without_replacement`)."""
-  if branching == PROPORTIONAL:
-    return
-  if not (
-    isinstance(branching, tuple)
-    and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in branching)
-  ):
-    raise ValueError(
-      f"branching must be a tuple of integers >= 1 or {PROPORTIONAL!r}, got {branching!r}"
-    )
-  if len(branching) != draft_len or math.prod(branching) != num_drafts:
-    raise ValueError(
-      f"branching {branching} must have draft_len = {draft_len} entries whose product is "
-      f"num_drafts = {num_drafts} (one path per leaf)"
-    )
+  Args:
+    key: PRNG key.
+    drafts_KxL: int draft tokens. p_KxLxV: draft distributions. q_KxL1xV: target
+      distributions.
+    method: a speculative method of the registry.
+    rho: K-SEQ's split factor: "star", "k" or a number; ignored by methods without one.
+    return_stats: also return the `verify.WalkStats`.
+    drafting: the scheme the drafts come from ("": the method's default); the method
+      must be exact for it, and the scheme's check runs on concrete drafts.
 
-
-def check_rho(rho: Any) -> str | float:
-  """A split factor as configs and cells store it: "star", "k" or a float >= 1.
-
-  Raises:
-    ValueError: anything else (a string other than those two, a non-finite number, a
-      number below 1, a bool, a sequence).
+  Returns:
+    (tokens_L1, num_tokens[, stats]): `tokens_L1[:num_tokens]` are emitted (the rest 0)
+    and 1 <= num_tokens <= L + 1.
   """
-  if isinstance(rho, str):
-    if rho not in RHO_NAMES:
-      raise ValueError(f"unknown rho {rho!r}: expected 'star', 'k' or a number >= 1")
-    return rho
-  try:
-    value = float(rho)
-  except (TypeError, ValueError):
-    raise ValueError(f"a fixed rho must be a finite number >= 1, got {rho!r}") from None
-  if isinstance(rho, bool) or not (1.0 <= value < float("inf")):
-    raise ValueError(f"a fixed rho must be a finite number >= 1, got {rho!r}")
-  return value
+  checks.shape("drafts_KxL", drafts_KxL, (None, None))
+  record = get(method)
+  if not record.speculative:
+    raise ValueError(f"method {method!r} verifies no drafts")
+  record.check_drafts(drafts_KxL.shape[0])
+  checks.block("verify_drafts", drafts_KxL, p_KxLxV, q_KxL1xV)
+  chosen = scheme(record, drafting)
+  if chosen.check is not None:
+    resolve(chosen.check)(drafts_KxL)
+  rho_mode, rho_value = acceptance.split_rho(rho)
+  tokens_L1, num_tokens, stats = _walk(
+    key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, verifier=record, rho_mode=rho_mode
+  )
+  if return_stats:
+    return tokens_L1, num_tokens, stats
+  return tokens_L1, num_tokens
+
+
+@functools.partial(jax.jit, static_argnames=("verifier", "rho_mode"))
+def _walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, *, verifier, rho_mode):
+  return verify.walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, verifier, rho_mode)
+
+
+def table() -> str:
+  """The registered methods and drafting schemes as markdown tables."""
+  rows = [
+    "| method | level | K | rho | drafting (exact for) | summary |",
+    "|---|---|---|---|---|---|",
+  ]
+  for m in METHODS.values():
+    k = "1" if m.max_drafts == 1 else ("any" if m.single is None else f">= 2 ({m.single} at 1)")
+    exact = "-" if not m.speculative else f"{m.drafting} ({', '.join(m.exact_for)})"
+    rows.append(
+      f"| {m.name} | {m.level} | {k} | {'yes' if m.takes_rho else '-'} | {exact} | {m.summary} |"
+    )
+  rows += ["", "| drafting | law | tree | summary |", "|---|---|---|---|"]
+  for d in DRAFTING.values():
+    rows.append(f"| {d.name} | {d.law} | {'yes' if d.branches else '-'} | {d.summary} |")
+  return "\n".join(rows)
+
+
+if __name__ == "__main__":
+  sys.stdout.write(table() + "\n")

@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from spectr_jax import runs, sharding, train
-from spectr_jax.config import PairConfig, TrainConfig, resolve
 from spectr_jax.data import (
   RESERVED,
   DataConfig,
@@ -36,6 +35,8 @@ from spectr_jax.models import (
   load_pretrained,
   unstack_layers,
 )
+from spectr_jax.pair_config import PairConfig, resolve
+from spectr_jax.train_config import TrainConfig
 
 
 class MissingPairError(FileNotFoundError):

@@ -28,7 +28,7 @@ from typing import Any
 
 from absl import logging
 
-from spectr_jax.config import KEY_WHEN_SET, DecodeSettings
+from spectr_jax.sweep_config import KEY_WHEN_SET_FIELDS, LEGACY_DECODING
 
 RESULTS_FILE = "results.jsonl"
 PROVENANCE_FILE = "provenance.jsonl"
@@ -86,8 +86,8 @@ CELL_FIELDS: dict[str, Field] = {
   "rho": Field("rho"),
   "seed": Field("int"),
   **{
-    f.name: Field(_TYPE_KINDS[f.type], required=not f.metadata.get(KEY_WHEN_SET))
-    for f in dataclasses.fields(DecodeSettings)
+    name: Field(_TYPE_KINDS[type(default)], required=name not in KEY_WHEN_SET_FIELDS)
+    for name, default in LEGACY_DECODING.items()
   },
   "pair": Field("str"),
 }

@@ -24,9 +24,9 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from spectr_jax import results, sharding
-from spectr_jax.config import TrainConfig, saved_train_config
 from spectr_jax.data import Dataset, Tokenizer, load_dataset
 from spectr_jax.models import ModelBundle, ModelConfig, init_params, layout, param_axes
+from spectr_jax.train_config import TrainConfig, saved_train_config
 
 # Fields that change logging, evaluation, storage or the device layout but not the trained
 # parameters (beyond the rounding of sums split over devices); a resumed run may change them.

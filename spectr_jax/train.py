@@ -25,9 +25,9 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from spectr_jax import distill, locks, runs, sharding
-from spectr_jax.config import TrainConfig
 from spectr_jax.data import BOS_ID, PAD_ID, Dataset, TrainBatches, heldout_rows, load_dataset
 from spectr_jax.models import ModelBundle, Transformer, count_params, init_params, param_axes
+from spectr_jax.train_config import TrainConfig
 
 
 @struct.dataclass

@@ -4,7 +4,7 @@ Weng et al., "Traversal Verification for Speculative Tree Decoding" (arXiv 2505.
 NeurIPS 2025). The block-level verify function of "traversal", for trees whose children
 are drawn without replacement at every node (the "wor" scheme: `drafting.
 without_replacement`, any static branching or "proportional"). Index convention as
-`verify.verify_block`: p[k, t] = p(. | h, d_k[:t]), q[k, t] = q(. | h, d_k[:t]).
+`methods.verify_drafts`: p[k, t] = p(. | h, d_k[:t]), q[k, t] = q(. | h, d_k[:t]).
 
 The tree: the node at depth t of path k is its prefix d_k[:t]; paths are in post-order
 (a node's children in the order drawn, each child's paths one block), and a path equal
@@ -48,8 +48,8 @@ import jax
 import jax.numpy as jnp
 
 from spectr_jax import acceptance
-from spectr_jax.methods import BlockVerdict
 from spectr_jax.sampling import categorical
+from spectr_jax.verdict import BlockVerdict
 
 __all__ = ["verify_tree"]
 
@@ -89,7 +89,7 @@ def verify_tree(key, drafts_KxL, p_KxLxV, q_KxL1xV, length_K=None) -> BlockVerdi
   Args:
     key: PRNG key.
     drafts_KxL: int draft tokens: the paths of a "wor" tree, in post-order.
-    p_KxLxV: draft distributions. q_KxL1xV: target distributions (`verify.verify_block`).
+    p_KxLxV: draft distributions. q_KxL1xV: target distributions (`methods.verify_drafts`).
     length_K: path k holds only its first length_K[k] tokens (a tree budget on the
       default tree, `adaptive.budget_nodes`: its leaf is at that depth; 0: no node).
       None: L.

@@ -1,59 +1,57 @@
 """Exact verification of speculative drafts (pure functions, no model knowledge).
 
-Per-position verifiers take k i.i.d. drafts X_1..X_k ~ p (a mask `valid_K` selects them;
-duplicates are separate chances) and return a token Y ~ q exactly, together with whether
-Y came from the accept branch:
+Per-position verifiers take k drafts X_1..X_k (a mask `valid_K` selects them) and return
+a token Y ~ q exactly, with whether Y came from the accept branch:
 
 - `speculative_sampling`: the single-draft rule (accept min(1, q/p), else the residual).
 - `kseq`: SpecTr's K-SEQ with split factor rho ("star", "k" or a fixed number).
 - `specinfer`: SpecInfer's recursive rejection sampling.
-- `optimal`: the OT-optimal verifier that reaches alpha* (see `spectr_jax.optimal`).
-- `rrs`: recursive rejection sampling without replacement, for K distinct drafts drawn
-  without replacement (`drafting.distinct_tokens`; Jeon et al., RSD, arXiv 2402.14160).
+- `optimal`: the OT-optimal verifier that reaches alpha* (`spectr_jax.optimal`).
+- `rrs`: recursive rejection without replacement, for distinct drafts drawn without
+  replacement (`drafting.distinct_tokens`; Jeon et al., RSD, arXiv 2402.14160).
 
-The engine reaches them through the method registry (`spectr_jax.methods`): each is a
-token-level verify function `<name>_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict`
-(K-SEQ also takes rho_mode, rho_value), and `walk` runs whichever the registry names.
+Each has a verdict function `<name>_verdict(key, drafts_K, p_V, q_V, valid_K) ->
+Verdict` (K-SEQ also takes rho_mode, rho_value): the signature the method registry
+(`spectr_jax.methods`) holds. `walk` runs a registered method over one block of K draft
+paths: position by position for token-level methods, at once for block-level ones
+(`spectr_jax.block`, `spectr_jax.traversal`).
 
-`verify_block` walks a block of K draft sequences of length L position by position,
-keeping the drafts that agree with what was emitted (SpecTr on sequences). It also runs
-the block-level verifiers of `spectr_jax.block` ("block": Sun et al.'s block
-verification, K = 1; "gbv": greedy multi-path block verification), which decide over the
-whole block instead of token by token.
-
-All functions are jit/vmap-able with static shapes and work in float32. Values a sweep
-changes (a fixed rho) are traced, so sweeping them does not recompile.
+All functions are jit/vmap-able with static shapes and work in float32. A fixed rho is
+traced, so sweeping it does not recompile.
 """
 
 import functools
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from spectr_jax import acceptance, checks, loops, methods
+from spectr_jax import acceptance, checks, loops
 from spectr_jax.acceptance import rho_star
-from spectr_jax.methods import Verdict
 from spectr_jax.optimal import optimal
 from spectr_jax.sampling import categorical
+from spectr_jax.verdict import OVERSHOOT_TOL, BlockVerdict, Verdict
 
 __all__ = [
-  "BlockStats",
-  "check_method",
+  "OVERSHOOT_TOL",
+  "BlockVerdict",
+  "Verdict",
+  "WalkStats",
   "kseq",
-  "kseq_position",
+  "kseq_verdict",
   "optimal",
   "rho_star",
   "rho_star_KxL",
   "rrs",
-  "rrs_position",
-  "sd_position",
+  "rrs_verdict",
+  "sd_verdict",
   "specinfer",
-  "specinfer_position",
+  "specinfer_verdict",
   "speculative_sampling",
-  "verify_block",
   "walk",
+  "walk_positions",
 ]
 
 
@@ -71,7 +69,7 @@ def _check_position(drafts_K, p_V, q_V):
   checks.shape("q_V", q_V, (p_V.shape[-1],))
 
 
-def sd_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
+def sd_verdict(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
   """Single-draft speculative sampling of drafts_K[0] (token-level verify function)."""
   accept_key, residual_key = jax.random.split(key)
   x, valid = drafts_K[0], valid_K[0]
@@ -82,7 +80,7 @@ def sd_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
   return Verdict(jnp.where(accepted, x, y).astype(jnp.int32), accepted, jnp.float32(1.0))
 
 
-def kseq_position(key, drafts_K, p_V, q_V, valid_K, *, rho_mode, rho_value) -> Verdict:
+def kseq_verdict(key, drafts_K, p_V, q_V, valid_K, *, rho_mode, rho_value) -> Verdict:
   """K-SEQ on the valid drafts (token-level verify function; see `kseq`).
 
   The overshoot of the accept branch, sum max(A - q, 0), is 0 for rho* and rho = k; a
@@ -102,7 +100,7 @@ def kseq_position(key, drafts_K, p_V, q_V, valid_K, *, rho_mode, rho_value) -> V
   return Verdict(token.astype(jnp.int32), accepted, plan.rho, overshoot)
 
 
-def specinfer_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
+def specinfer_verdict(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
   """SpecInfer's recursive rejection on the valid drafts (token-level verify function)."""
   accept_key, residual_key = jax.random.split(key)
   # The chain of targets r_1 = q, r_{j+1} = norm(max(r_j - p, 0)) does not depend on the
@@ -119,7 +117,7 @@ def specinfer_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
   return Verdict(token.astype(jnp.int32), accepted)
 
 
-def rrs_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
+def rrs_verdict(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
   """Recursive rejection without replacement on the valid drafts (token-level verify
   function; SPEC section 5).
 
@@ -158,18 +156,16 @@ def rrs_position(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
   return Verdict(jnp.where(accepted, token, y).astype(jnp.int32), accepted)
 
 
-def _position_function(method: str, rho_mode: str, rho_value) -> Callable:
-  """The registry's verify function of a token-level method, with rho bound if it has one."""
-  record = methods.get(method)
-  fn = record.function()
-  if record.takes_rho:
+def _bind_rho(fn: Callable, takes_rho: bool, rho_mode: str, rho_value) -> Callable:
+  """A verdict function with rho bound where it takes one."""
+  if takes_rho:
     return functools.partial(fn, rho_mode=rho_mode, rho_value=rho_value)
   return fn
 
 
-@functools.partial(jax.jit, static_argnames=("method", "rho_mode"))
-def _verify_position(key, drafts_K, p_V, q_V, valid_K, rho_value, *, method, rho_mode):
-  verdict = _position_function(method, rho_mode, rho_value)(key, drafts_K, p_V, q_V, valid_K)
+@functools.partial(jax.jit, static_argnames=("fn", "takes_rho", "rho_mode"))
+def _verify_position(key, drafts_K, p_V, q_V, valid_K, rho_value, *, fn, takes_rho, rho_mode):
+  verdict = _bind_rho(fn, takes_rho, rho_mode, rho_value)(key, drafts_K, p_V, q_V, valid_K)
   return verdict.token, verdict.accepted
 
 
@@ -190,8 +186,9 @@ def speculative_sampling(key, draft, p_V, q_V):
   drafts_K = jnp.reshape(jnp.asarray(draft, jnp.int32), (1,))
   _check_position(drafts_K, p_V, q_V)
   return _verify_position(
-    key, drafts_K, p_V, q_V, jnp.ones((1,), bool), jnp.float32(0.0), method="sd", rho_mode="k"
-  )
+    key, drafts_K, p_V, q_V, jnp.ones((1,), bool), jnp.float32(0.0), fn=sd_verdict,
+    takes_rho=False, rho_mode="k",
+  )  # fmt: skip
 
 
 def kseq(key, drafts_K, p_V, q_V, *, valid_K=None, rho="star"):
@@ -217,8 +214,9 @@ def kseq(key, drafts_K, p_V, q_V, *, valid_K=None, rho="star"):
   valid_K = _as_valid(valid_K, drafts_K.shape[0])
   rho_mode, rho_value = acceptance.split_rho(rho)
   return _verify_position(
-    key, drafts_K, p_V, q_V, valid_K, rho_value, method="kseq", rho_mode=rho_mode
-  )
+    key, drafts_K, p_V, q_V, valid_K, rho_value, fn=kseq_verdict, takes_rho=True,
+    rho_mode=rho_mode,
+  )  # fmt: skip
 
 
 def specinfer(key, drafts_K, p_V, q_V, *, valid_K=None):
@@ -233,13 +231,14 @@ def specinfer(key, drafts_K, p_V, q_V, *, valid_K=None):
   _check_position(drafts_K, p_V, q_V)
   valid_K = _as_valid(valid_K, drafts_K.shape[0])
   return _verify_position(
-    key, drafts_K, p_V, q_V, valid_K, jnp.float32(0.0), method="specinfer", rho_mode="k"
-  )
+    key, drafts_K, p_V, q_V, valid_K, jnp.float32(0.0), fn=specinfer_verdict, takes_rho=False,
+    rho_mode="k",
+  )  # fmt: skip
 
 
 def rrs(key, drafts_K, p_V, q_V, *, valid_K=None):
   """Recursive rejection sampling without replacement of the valid drafts at one position
-  (see `rrs_position`).
+  (see `rrs_verdict`).
 
   The drafts must be distinct tokens drawn without replacement from p_V in their order
   (`drafting.distinct_tokens`); on i.i.d. drafts the output law is not q. A repeated
@@ -250,12 +249,13 @@ def rrs(key, drafts_K, p_V, q_V, *, valid_K=None):
   _check_position(drafts_K, p_V, q_V)
   valid_K = _as_valid(valid_K, drafts_K.shape[0])
   return _verify_position(
-    key, drafts_K, p_V, q_V, valid_K, jnp.float32(0.0), method="rrs", rho_mode="k"
-  )
+    key, drafts_K, p_V, q_V, valid_K, jnp.float32(0.0), fn=rrs_verdict, takes_rho=False,
+    rho_mode="k",
+  )  # fmt: skip
 
 
-class BlockStats(NamedTuple):
-  """Per-position diagnostics of one block walk (index t = 0..L; t = L is the bonus).
+class WalkStats(NamedTuple):
+  """Per-position diagnostics of one walk (index t = 0..L; t = L is the bonus).
 
   Positions at or beyond `num_tokens` hold False / 0.
 
@@ -263,8 +263,8 @@ class BlockStats(NamedTuple):
   accepted_L1: the token came from the accept branch.
   survivors_L1: number of drafts verified at that position (0 for the bonus draw).
   rho_L1: split factor used (K-SEQ only; 1 for "sd", 0 for methods without one).
-  overshoot_L1: the accept branch's overshoot of q there (`methods.Verdict`): 0 where
-    the verifier is exact; > 0 marks a position whose output law is not q.
+  overshoot_L1: the accept branch's overshoot of q there (`Verdict`): 0 where the
+    verifier is exact; > 0 marks a position whose output law is not q.
   """
 
   hit_L1: jax.Array
@@ -274,54 +274,77 @@ class BlockStats(NamedTuple):
   overshoot_L1: jax.Array
 
 
-def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method: str, rho_mode: str,
-         length=None):  # fmt: skip
-  """The block walk of `verify_block` without its input checks (for use inside jit).
+def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, verifier=None, rho_mode: str = "star",
+         length=None, *, method: str | None = None):  # fmt: skip
+  """Verifies one block of K draft paths with a registered method (inside jit; no input
+  checks: `methods.verify_drafts` checks them).
 
-  A fixed-trip `lax.scan` over the L + 1 positions (no data-dependent loop, so no host
-  round trip per position on an accelerator): after the first miss no draft survives,
-  and what the positions left compute is masked out of the outputs. K-SEQ's rho* comes
-  from `rho_star_KxL`, computed for the whole block before the scan.
+  Token-level methods run `walk_positions`: a fixed-trip `lax.scan` over the L + 1
+  positions, K-SEQ's rho* computed for the whole block first (`rho_star_KxL`).
+  Block-level methods decide at once. A method without drafts samples q at t = 0.
 
   Args:
     key: PRNG key; position t uses fold_in(key, t).
-    drafts_KxL, p_KxLxV, q_KxL1xV: as in `verify_block`.
-    rho_value: float32 scalar, the fixed split factor (ignored unless rho_mode is "fixed").
-    method: a speculative method of the registry (`spectr_jax.methods`).
-    rho_mode: "star", "k" or "fixed" (see `acceptance.split_rho`; methods without a split
-      factor never see it).
+    drafts_KxL: int draft tokens. p_KxLxV: draft distributions, p[i, t] = p(. | h,
+      d_i[:t]). q_KxL1xV: target distributions, q[i, t] = q(. | h, d_i[:t]).
+    rho_value: float32 scalar, the fixed split factor (read when rho_mode is "fixed").
+    verifier: the method's `methods.Method` record.
+    rho_mode: "star", "k" or "fixed" (`acceptance.split_rho`).
     length: verify only positions t < length of each draft, a scalar or one per draft
-      [K] (`walk_positions`; adaptive speculation, `spectr_jax.adaptive`); positions
-      from a draft's length on are never read (p there may be 0). None: L. Block-level
-      methods take it where their record says `takes_length`.
+      [K] (`walk_positions`); None: L. Block-level methods take it where their record
+      says `takes_length`.
+    method: deprecated: the method's name (pass its record as `verifier`).
 
   Returns:
-    (tokens_L1, num_tokens, BlockStats), as `verify_block` with return_stats.
+    (tokens_L1, num_tokens, WalkStats).
   """
-  record = methods.get(method)
-  if record.level == "block":
-    if length is None:
-      return _block_walk(record.function(), key, drafts_KxL, p_KxLxV, q_KxL1xV)
-    if not record.takes_length:
-      raise ValueError(f"method {method!r} verifies whole blocks: it takes no length")
-    verify_fn = functools.partial(record.function(), length_K=_per_draft(length, drafts_KxL))
-    return _block_walk(verify_fn, key, drafts_KxL, p_KxLxV, q_KxL1xV)
-  # K-SEQ's rho* for the whole block, each position's read as its fixed split factor.
-  if record.takes_rho and rho_mode == "star":
+  if isinstance(verifier, str) or method is not None:
+    warnings.warn(
+      "verify.walk with a method's name is deprecated: pass its record, methods.get(name)",
+      DeprecationWarning, stacklevel=2,
+    )  # fmt: skip
+    verifier = _registry().get(method or verifier)
+  if verifier.level == "none":
+    return _sample_target(key, q_KxL1xV)
+  if verifier.level == "block":
+    fn = verifier.verify
+    if length is not None:
+      if not verifier.takes_length:
+        raise ValueError(f"method {verifier.name!r} verifies whole blocks: it takes no length")
+      fn = functools.partial(fn, length_K=_per_draft(length, drafts_KxL))
+    return _block_walk(fn, key, drafts_KxL, p_KxLxV, q_KxL1xV)
+  if verifier.takes_rho and rho_mode == "star":
+    # K-SEQ's rho* for the whole block; each position reads its own as a fixed rho.
     rho_KxL = rho_star_KxL(drafts_KxL, p_KxLxV, q_KxL1xV)
     if length is not None:  # beyond the length p may be 0: its rho* is never used
       held_KxL = jnp.arange(drafts_KxL.shape[1]) < _per_draft(length, drafts_KxL)[:, None]
       rho_KxL = jnp.where(held_KxL, rho_KxL, 1.0)
 
     def verifier_at(rep, t_draft):
-      return _position_function(method, "fixed", rho_KxL[rep, t_draft])
+      return _bind_rho(verifier.verify, True, "fixed", rho_KxL[rep, t_draft])
   else:
-    fixed = _position_function(method, rho_mode, rho_value)
+    fixed = _bind_rho(verifier.verify, verifier.takes_rho, rho_mode, rho_value)
 
     def verifier_at(rep, t_draft):
       return fixed
 
   return walk_positions(verifier_at, key, drafts_KxL, p_KxLxV, q_KxL1xV, length)
+
+
+def _sample_target(key, q_KxL1xV):
+  """One token from q after the prefix: a round without drafts."""
+  token = categorical(key, q_KxL1xV[0, 0])
+  zeros_1 = jnp.zeros((1,), bool)
+  stats = WalkStats(zeros_1, zeros_1, zeros_1.astype(jnp.int32), jnp.zeros(1), jnp.zeros(1))
+  return token[None], jnp.int32(1), stats
+
+
+def _registry():
+  """The method registry, imported where a deprecated call names a method (the registry
+  imports this module)."""
+  import importlib
+
+  return importlib.import_module("spectr_jax.methods")
 
 
 def _per_draft(length, drafts_KxL) -> jax.Array:
@@ -331,7 +354,7 @@ def _per_draft(length, drafts_KxL) -> jax.Array:
 
 def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV, length=None):
   """The token-level walk of `walk` for any verify function: position t runs
-  verifier_at(rep, t)(fold_in(key, t), drafts_K, p_V, q_V, valid_K) (-> `methods.Verdict`;
+  verifier_at(rep, t)(fold_in(key, t), drafts_K, p_V, q_V, valid_K) (-> `Verdict`;
   rep is the first surviving draft, whose p and q every survivor shares), the drafts
   equal to the emitted token survive, and after a miss the walk stops; at t = L no draft
   is valid and the function draws the bonus from q. Used by the engine (through `walk`)
@@ -344,7 +367,7 @@ def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV, le
   tokens before t and from draws independent of its own).
 
   Returns:
-    (tokens_L1, num_tokens, BlockStats).
+    (tokens_L1, num_tokens, WalkStats).
   """
   num_drafts, draft_len = drafts_KxL.shape
   length_K = _per_draft(draft_len if length is None else length, drafts_KxL)
@@ -391,7 +414,7 @@ def walk_positions(verifier_at: Callable, key, drafts_KxL, p_KxLxV, q_KxL1xV, le
   tokens_L1, hit_L1, accepted_L1, survivors_L1, rho_L1, overshoot_L1 = outs
   # The walk emits a token at position 0 and one more after every hit.
   num_tokens = 1 + jnp.sum(hit_L1).astype(jnp.int32)
-  stats = BlockStats(hit_L1, accepted_L1, survivors_L1.astype(jnp.int32), rho_L1, overshoot_L1)
+  stats = WalkStats(hit_L1, accepted_L1, survivors_L1.astype(jnp.int32), rho_L1, overshoot_L1)
   return tokens_L1.astype(jnp.int32), num_tokens, stats
 
 
@@ -435,70 +458,45 @@ def _block_walk(verify_fn, key, drafts_KxL, p_KxLxV, q_KxL1xV):
   accepted_L1 = index_L1 < num_tokens - 1
   survivors_L1 = jnp.where(index_L1 < num_tokens, survivors_L1, 0)
   zeros_L1 = jnp.zeros(index_L1.shape)
-  stats = BlockStats(accepted_L1, accepted_L1, survivors_L1, zeros_L1, zeros_L1)
+  stats = WalkStats(accepted_L1, accepted_L1, survivors_L1, zeros_L1, zeros_L1)
   return tokens_L1, num_tokens, stats
 
 
-@functools.partial(jax.jit, static_argnames=("method", "rho_mode"))
-def _verify_block(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, *, method, rho_mode):
-  return walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, method, rho_mode)
-
-
 def check_method(method: str, num_drafts: int) -> None:
-  """Raises a clear error for a method that verifies no drafts, an unknown one, or a K
-  that the method cannot take."""
-  record = methods.get(method)
+  """Deprecated: `methods.get(method).check_drafts(num_drafts)`."""
+  warnings.warn(
+    "verify.check_method is deprecated: use methods.get(method).check_drafts(K)",
+    DeprecationWarning, stacklevel=2,
+  )  # fmt: skip
+  record = _registry().get(method)
   if not record.speculative:
     raise ValueError(f"method {method!r} verifies no drafts")
   record.check_drafts(num_drafts)
 
 
-def verify_block(
-  key, drafts_KxL, p_KxLxV, q_KxL1xV, *, method="kseq", rho="star", return_stats=False,
-  drafting="",
-):  # fmt: skip
-  """The SpecTr walk over one block of K draft sequences of length L.
+def verify_block(key, drafts_KxL, p_KxLxV, q_KxL1xV, **kwargs):
+  """Deprecated name of `methods.verify_drafts` (the same arguments)."""
+  warnings.warn(
+    "verify.verify_block is deprecated: use spectr_jax.methods.verify_drafts",
+    DeprecationWarning, stacklevel=2,
+  )  # fmt: skip
+  return _registry().verify_drafts(key, drafts_KxL, p_KxLxV, q_KxL1xV, **kwargs)
 
-  Index convention: `p[i, t] = p(. | h, drafts[i, :t])` and `q[i, t] = q(. | h,
-  drafts[i, :t])`, so `q[i, L]` is the bonus distribution after a full draft. At each
-  position t the per-position verifier runs on the surviving drafts' tokens (k = number
-  surviving); only drafts equal to the emitted token survive; the walk stops at the
-  first token that hits no surviving draft. After L hits a bonus token is drawn from
-  q[i, L] of a survivor. The emitted tokens are distributed as the target's sequence law.
 
-  Args:
-    key: PRNG key.
-    drafts_KxL: int draft tokens.
-    p_KxLxV: draft distributions. q_KxL1xV: target distributions.
-    method: a speculative method of the registry (`spectr_jax.methods`): "kseq",
-      "specinfer", "optimal", "gbv", "gbv_tp", "traversal", or "sd" / "block" (K = 1);
-      "rrs" and "traversal" take drafts without replacement (checked where concrete).
-    rho: K-SEQ split factor: "star", "k" or a number (see `kseq`); ignored by methods
-      without one.
-    return_stats: also return a `BlockStats`.
-    drafting: the drafting scheme the drafts come from ("": the method's default); the
-      method must be exact for its law (`methods.scheme`).
+_RENAMED = {
+  "BlockStats": "WalkStats",
+  "sd_position": "sd_verdict",
+  "kseq_position": "kseq_verdict",
+  "specinfer_position": "specinfer_verdict",
+  "rrs_position": "rrs_verdict",
+}
 
-  Returns:
-    (tokens_L1, num_tokens[, stats]): `tokens_L1[:num_tokens]` are the emitted tokens
-    (the rest are 0) and 1 <= num_tokens <= L + 1.
-  """
-  checks.shape("drafts_KxL", drafts_KxL, (None, None))
-  check_method(method, drafts_KxL.shape[0])
-  checks.block("verify_block", drafts_KxL, p_KxLxV, q_KxL1xV)
-  scheme = methods.scheme(method, drafting)
-  if scheme.check:
-    methods.resolve(scheme.check)(drafts_KxL)
-  rho_mode, rho_value = acceptance.split_rho(rho)
-  tokens_L1, num_tokens, stats = _verify_block(
-    key,
-    drafts_KxL,
-    p_KxLxV,
-    q_KxL1xV,
-    rho_value,
-    method=method,
-    rho_mode=rho_mode,
-  )
-  if return_stats:
-    return tokens_L1, num_tokens, stats
-  return tokens_L1, num_tokens
+
+def __getattr__(name: str):
+  if name in _RENAMED:
+    warnings.warn(
+      f"verify.{name} is deprecated: use verify.{_RENAMED[name]}", DeprecationWarning,
+      stacklevel=2,
+    )  # fmt: skip
+    return globals()[_RENAMED[name]]
+  raise AttributeError(f"module 'spectr_jax.verify' has no attribute {name!r}")

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spectr_jax import engine, sampling
-from spectr_jax.config import DecodeSpec
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 
 V = 4

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from spectr_jax import dryrun, programs, targets
-from spectr_jax.config import DecodeSpec
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelConfig
 
 V = 1024

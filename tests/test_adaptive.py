@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import DecodeSpec, adaptive, engine, rounds, verify
+from spectr_jax import DecodeSpec, adaptive, engine, lengths, verify
 from spectr_jax.methods import BlockVerdict
 from spectr_jax.testing import harness
 from tests import engine_pair, stats
@@ -31,7 +31,7 @@ CASES = (
 def adaptive_walk(length_fn):
   """A block-level verifier: K-SEQ's token-level walk up to length_fn(drafts, p, q)
   positions."""
-  kseq = functools.partial(verify.kseq_position, rho_mode="star", rho_value=0.0)
+  kseq = functools.partial(verify.kseq_verdict, rho_mode="star", rho_value=0.0)
 
   def run(key, drafts_KxL, p_KxLxV, q_KxL1xV):
     length = length_fn(drafts_KxL, p_KxLxV, q_KxL1xV)
@@ -207,7 +207,7 @@ def test_the_engines_law_test_rejects_a_rule_that_reads_the_position_itself(pair
     confident_length=own_token_length, length_buckets=adaptive.length_buckets
   )
   engine.compiled_program.cache_clear()
-  monkeypatch.setattr(rounds, "adaptive", broken)
+  monkeypatch.setattr(lengths, "adaptive", broken)
   try:
     out = generate(draft, target, "sd", 1, 2, 4, adaptive=0.5)
   finally:

@@ -11,7 +11,7 @@ import pytest
 from configs import field_methods
 from configs import rho_ablation as rho_ablation_config
 from spectr_jax import acceptance, analysis, data, methods, results
-from spectr_jax.config import RhoAblationConfig
+from spectr_jax.sweep_config import RhoAblationConfig
 from tests.test_experiment import random_pair
 
 
@@ -141,6 +141,6 @@ def test_field_methods_config_converts(arg):
   assert set(field_methods.METHODS) <= set(methods.names()) and config.sweep.rhos == ("star",)
   assert config.sweep.name.startswith("field_methods")
   if arg is None:  # The measurement of docs/BLOCK_VERIFICATION.md: 3 seeds x 100 prompts.
-    assert (config.sweep.seeds, config.sweep.decoding.num_prompts) == ((0, 1, 2), 100)
+    assert (config.sweep.seeds, config.sweep.prompts.num_prompts) == ((0, 1, 2), 100)
     assert (config.sweep.num_drafts, config.sweep.draft_lens) == ((2, 4, 8), (4, 8))
     assert config.sweep.pair.draft_workdir == "draft-distill-runlocal"

@@ -4,7 +4,7 @@ tests/test_gbv_tp.py).
 Exactness is checked twice: exactly, by enumerating every K-tuple of draft paths and the
 verifier's own plan (`block_bound.block_law`, no sampling), and statistically, by
 sampling `block.block_verify` end to end and completing each output with exact target
-draws (as tests/test_verify.py does for `verify_block`), chi-square at the suite's level.
+draws (as tests/test_verify.py does for `methods.verify_drafts`), chi-square at the suite's level.
 Broken variants (no residual correction; the wrong draft law) must be rejected.
 """
 
@@ -218,7 +218,11 @@ def test_identical_models_accept_everything():
 
 @pytest.mark.parametrize(
   "method, num_drafts, message",
-  [("beam", 1, "unknown method"), ("block", 2, "single draft"), ("kseq", 2, "not a block")],
+  [
+    ("beam", 1, "not a block-level method"),
+    ("block", 2, "single draft"),
+    ("kseq", 2, "not a block"),
+  ],
 )
 def test_bad_input(method, num_drafts, message):
   drafts = jnp.zeros((num_drafts, 2), jnp.int32)

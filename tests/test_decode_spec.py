@@ -4,7 +4,8 @@ that specs that decode alike are equal, and read from the benchmarks' short form
 import pytest
 
 from spectr_jax import methods
-from spectr_jax.config import DecodeSettings, DecodeSpec
+from spectr_jax.decode_spec import DecodeSpec
+from spectr_jax.sweep_config import SweepConfig
 
 
 def test_the_short_form_round_trips():
@@ -60,17 +61,19 @@ def test_a_bad_spec_is_refused_when_it_is_built(fields, message):
     DecodeSpec(**fields)
 
 
-def test_sweep_settings_make_each_cells_spec():
-  """`DecodeSettings.spec`: the shared fields, the pair's stop tokens where asked, the
-  branching only for a scheme that draws a tree."""
-  settings = DecodeSettings(temperature=0.5, top_k=3, stop_at_eos=True, branching="proportional")
-  spec = settings.spec("rrs", 4, 2, eos_ids=(2, 9))
+def test_a_sweeps_template_makes_each_cells_spec():
+  """`SweepConfig.cell_spec`: the template's shared fields, the pair's stop tokens where
+  asked, the branching only for a scheme that draws a tree."""
+  settings = SweepConfig().replace(
+    temperature=0.5, top_k=3, stop_at_eos=True, branching="proportional", methods=("kseq",)
+  )
+  spec = settings.cell_spec("rrs", 4, 2, eos_ids=(2, 9))
   assert (spec.temperature, spec.top_k, spec.eos_ids, spec.branching) == (
     0.5,
     3,
     (2, 9),
     "proportional",
   )
-  assert settings.spec("kseq", 4, 2, rho=2.0).branching == ""
-  assert settings.spec("autoregressive").draft_len == 0
+  assert settings.cell_spec("kseq", 4, 2, rho=2.0).branching == ""
+  assert settings.cell_spec("autoregressive").draft_len == 0
   assert set(methods.exact_for("wor")) >= {"rrs", "traversal"}

@@ -11,9 +11,9 @@ import pytest
 from configs import distill as distill_config
 from configs import target as target_config
 from spectr_jax import analysis, distill, runs, train
-from spectr_jax.config import DistillConfig, TrainConfig
 from spectr_jax.data import TokenizedSplit, make_prompts
 from spectr_jax.models import ModelBundle, get_model_config, init_params
+from spectr_jax.train_config import DistillConfig, TrainConfig
 
 _VOCAB = 64
 
@@ -251,7 +251,7 @@ def test_distillation_needs_its_target(tiny_pair, tmp_path):
 def test_embedded_pair_trains_target_plain_draft_then_the_distilled_draft(tmp_path, monkeypatch):
   from configs import draft as draft_config
   from spectr_jax import pairs
-  from spectr_jax.config import PairConfig
+  from spectr_jax.pair_config import PairConfig
 
   monkeypatch.setenv("SPECTR_WORKDIR", str(tmp_path))
   distilled = TrainConfig.from_dict(distill_config.get_config("test").to_dict())

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import engine, methods, programs, rounds, sharding, tree
-from spectr_jax.config import DecodeSpec
+from spectr_jax import engine, methods, plan, programs, rounds, sharding, tree
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, commit, get_model_config
 from spectr_jax.models.protocol import TransformerDecoder
 from tests import engine_pair, stats
@@ -77,12 +77,11 @@ def _tree_and_tail_q(models, drafts_BxKxL, prompts_BxP, lengths_B):
   """The target's q of every path and position, scored as K tails and as their tree."""
   draft, target = models
   b, k, length = drafts_BxKxL.shape
-  traced = rounds.Traced(jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.asarray([-1]))
   out = []
   for use_tree in (False, True):
-    spec = rounds.RoundSpec(
-      "kseq", k, length, 4, None, False, "star", draft.config, target.config, dedup=use_tree
-    )
+    decode = DecodeSpec("kseq", k, length, max_new_tokens=4, dedup=use_tree)
+    traced = plan.traced(decode)
+    spec = plan.resolve(decode, draft.config, target.config)
     state = rounds.init_state(spec, draft.params, target.params, prompts_BxP, lengths_B)
     scored = jax.jit(functools.partial(rounds.score, spec, traced=traced))(
       target.params, state.target_cache, state.last_B, jnp.asarray(drafts_BxKxL)
@@ -353,7 +352,7 @@ def test_second_call_does_not_recompile(models):
     **kw,
   )
   compiled = engine.compiled_program(
-    engine.round_spec(spec.replace(rho=1.5), draft.config, target.config), None
+    plan.resolve(spec.replace(rho=1.5), draft.config, target.config), None
   )
   before = compiled._cache_size()
   engine.generate(
@@ -374,7 +373,7 @@ def test_a_token_limit_shares_the_program_and_cuts_the_same_tokens(models):
   kw = dict(draft=draft, target=target, prompts=prompts, prompt_lengths=jnp.asarray([3, 2]))
   spec = DecodeSpec(method="kseq", num_drafts=2, draft_len=2, max_new_tokens=6)
   full = engine.generate(jax.random.key(3), spec, **kw)
-  compiled = engine.compiled_program(engine.round_spec(spec, draft.config, target.config), None)
+  compiled = engine.compiled_program(plan.resolve(spec, draft.config, target.config), None)
   before = compiled._cache_size()
   cut = engine.generate(jax.random.key(3), spec.replace(token_limit=3), **kw)
   assert compiled._cache_size() == before == 1

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from spectr_jax import engine, memory, methods, optimal, rounds
-from spectr_jax.config import DecodeSpec
+from spectr_jax import engine, memory, methods, optimal, plan
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 
 V = 1024
@@ -31,10 +31,8 @@ def _compile(options, method, b, k, draft_len, n, width, tree):
     ModelBundle(c, init_params(c, jax.random.key(i))).for_decoding() for i, c in enumerate(configs)
   )
   spec = DecodeSpec(method=method, num_drafts=k, draft_len=draft_len, max_new_tokens=n, dedup=tree)
-  spec = engine.round_spec(spec, draft.config, target.config)
-  traced = rounds.Traced(
-    jnp.float32(1.0), jnp.float32(1.0), jnp.float32(0.0), jnp.full((1,), -1, jnp.int32)
-  )
+  traced = plan.traced(spec)
+  spec = plan.resolve(spec, draft.config, target.config)
   args = (jax.random.key(0), jnp.arange(b), jnp.ones((b, width), jnp.int32), jnp.full((b,), width))
   lowered = engine.compiled_program(spec, None).lower(*args, draft.params, target.params, traced)
   return lowered.compile(options), configs

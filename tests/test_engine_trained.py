@@ -16,9 +16,10 @@ import pytest
 from configs import draft as draft_config
 from configs import target as target_config
 from spectr_jax import data, engine, runs, train
-from spectr_jax.config import DecodeSpec, TrainConfig
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import reset_tails
 from spectr_jax.models.protocol import TransformerDecoder
+from spectr_jax.train_config import TrainConfig
 from tests import stats
 
 # The broken engine (caches that never advance) against the correct one, paired: z = 6.2

@@ -17,15 +17,11 @@ import pytest
 
 from configs import lm1b_spectr, rho_ablation
 from spectr_jax import checks, drafting, engine, experiment, memory, methods, pairs, report, results
-from spectr_jax.config import (
-  SWEEP_BRANCHINGS,
-  DecodeSettings,
-  DecodeSpec,
-  RhoAblationConfig,
-  SweepConfig,
-)
 from spectr_jax.data import TokenizedSplit
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
+from spectr_jax.sweep_config import SWEEP_BRANCHINGS, Prompts, RhoAblationConfig, SweepConfig
+from spectr_jax.sweep_config import cell_record as sweep_cell_record
 from tests.test_results import valid_record
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,7 +62,7 @@ def test_configs_convert(arg):
   assert set(sweep.methods) <= set(methods.names())
   if arg is None:
     assert (sweep.num_drafts, sweep.draft_lens, sweep.seeds) == ((1, 2, 4, 8), (2, 4, 8), (0, 1, 2))
-    assert (sweep.decoding.num_prompts, sweep.decoding.temperature) == (1000, 1.0)
+    assert (sweep.prompts.num_prompts, sweep.decode.temperature) == (1000, 1.0)
     assert ("optimal" in sweep.methods) == ("optimal" in methods.names())
   if arg and "lm1b_text" in arg:
     assert sweep.pair.draft.data.source == "lm1b_text"
@@ -76,7 +72,7 @@ def test_configs_convert(arg):
   if arg == "runlocal":
     assert sweep.pair.draft_workdir == "draft-distill-runlocal"
     assert sweep.pair.draft.distill.target_workdir == sweep.pair.target_workdir == "target"
-    assert sweep.pair.draft_base.num_steps == 300 and sweep.decoding.num_prompts < 100
+    assert sweep.pair.draft_base.num_steps == 300 and sweep.prompts.num_prompts < 100
   if arg and "plain_draft" in arg:
     assert sweep.pair.draft_workdir == "draft" and sweep.pair.draft_base is None
   assert not sweep.pair.train_missing and sweep.pair.kind == "embedded"
@@ -99,7 +95,7 @@ def test_config_errors(tmp_path):
     (dict(temperature=-1.0), "temperature must be finite and >= 0, got -1.0"),
     (dict(temperature=float("inf")), "temperature must be finite"),
     (dict(top_k=-1), "top_k must be an integer >= 0, got -1"),
-    (dict(top_k=10**6), r"decoding: top_k = 1000000 exceeds the vocabulary"),
+    (dict(top_k=10**6), r"decode: top_k = 1000000 exceeds the vocabulary"),
     (dict(top_p=1.5), r"top_p must lie in \(0, 1\], got 1.5"),
     (dict(top_p=0.0), r"top_p must lie in \(0, 1\]"),
     (dict(max_new_tokens=10**4), "exceeds the target's max_len"),
@@ -114,7 +110,8 @@ def test_whole_grid_is_checked_when_the_config_is_built(change, message):
   # Issue 13: these failed only at the first cell, after the pair was loaded (or trained).
   values = lm1b_spectr.get_config("test").to_dict()
   for name, value in change.items():
-    target = values if name in ("draft_lens", "num_drafts", "seeds") else values["decoding"]
+    block = "prompts" if name == "prompt_len" else "decode"
+    target = values if name in ("draft_lens", "num_drafts", "seeds") else values[block]
     target[name] = value
   with pytest.raises(ValueError, match=message):
     SweepConfig.from_dict(values)
@@ -195,10 +192,11 @@ def test_expand_grid(tmp_path):
 
 
 def test_cell_key_hashes_every_field():
-  settings = DecodeSettings(1.0, 0, 1.0, 8, 8, 16, False)
-  cell = experiment.Cell("kseq", 4, 4, "star", 0, settings, "abc")
+  spec = DecodeSpec("kseq", 4, 4, max_new_tokens=16)
+  cell = experiment.Cell("kseq", 4, 4, "star", 0, spec, Prompts(8, 8, False), "abc")
   assert cell.key == dataclasses.replace(cell).key
-  # The key of the flat record, as before the decoding settings were grouped.
+  # The key of the flat record, as before the decoding settings were grouped (and before
+  # they became a `DecodeSpec` template and `Prompts`).
   assert cell.key == "5169e11dd42760e1"
   changed = dict(
     method="specinfer",
@@ -220,11 +218,16 @@ def test_cell_key_hashes_every_field():
   # `dedup` (stored as "tree") and `branching` (added after results were stored) are in
   # the record only where they are set.
   assert set(changed) - {"dedup"} == set(cell.as_record()) | {"branching"}
-  assert dataclasses.replace(settings, dedup=True).cell_fields()["tree"] is True
+  assert sweep_cell_record(spec.replace(dedup=True), Prompts())["tree"] is True
 
   def changed_cell(name, value):
-    if name in settings.__dataclass_fields__:
-      return dataclasses.replace(cell, decoding=dataclasses.replace(settings, **{name: value}))
+    if name == "branching":  # a tree drafting scheme's
+      shaped = DecodeSpec("rrs", 4, 4, max_new_tokens=16, branching=value)
+      return dataclasses.replace(cell, spec=shaped)
+    if name in ("temperature", "top_k", "top_p", "max_new_tokens", "dedup"):
+      return dataclasses.replace(cell, spec=spec.replace(**{name: value}))
+    if name in ("num_prompts", "prompt_len", "stop_at_eos"):
+      return dataclasses.replace(cell, prompts=dataclasses.replace(cell.prompts, **{name: value}))
     return dataclasses.replace(cell, **{name: value})
 
   keys = {changed_cell(name, value).key for name, value in changed.items()}
@@ -232,30 +235,30 @@ def test_cell_key_hashes_every_field():
 
 
 def test_a_branching_applies_to_the_cells_of_schemes_that_draw_trees(tmp_path):
-  """`decoding.branching` reaches the cells of "rrs" (drafts without replacement) with
-  drafts; the other cells keep the keys of a sweep without it; bad values are refused."""
+  """The template's branching reaches the cells of "rrs" (drafts without replacement)
+  with drafts; the other cells keep the keys of a sweep without it; bad values are
+  refused."""
   config = sweep_config(tmp_path, methods=("autoregressive", "kseq", "rrs"))
-  shaped = dataclasses.replace(
-    config, decoding=dataclasses.replace(config.decoding, branching="proportional")
-  )
+  shaped = config.replace(branching="proportional")
   plain = {(c.method, c.num_drafts, c.draft_len, c.seed): c for c in experiment.expand(config, "p")}
   for cell in experiment.expand(shaped, "p"):
     same = plain[(cell.method, cell.num_drafts, cell.draft_len, cell.seed)]
     if cell.method == "rrs":
-      assert cell.decoding.branching == "proportional" and cell.key != same.key
+      assert cell.spec.branching == "proportional" and cell.key != same.key
       assert cell.as_record()["branching"] == "proportional"
     else:
       assert cell.key == same.key and "branching" not in cell.as_record()
-  assert shaped.decoding.spec("rrs", 4, 2).branching == "proportional"
-  assert shaped.decoding.spec("kseq", 4, 2).branching == ""
-  assert config.decoding.spec("rrs", 4, 2).branching == ""
+  assert shaped.cell_spec("rrs", 4, 2).branching == "proportional"
+  assert shaped.cell_spec("kseq", 4, 2).branching == ""
+  assert config.cell_spec("rrs", 4, 2).branching == ""
   with pytest.raises(ValueError, match="branching"):
-    dataclasses.replace(config.decoding, branching="4-2-1-1")
+    config.replace(branching="4-2-1-1")
   # The config names the shape itself (it imports no JAX code): the same as drafting's.
   assert SWEEP_BRANCHINGS == ("", drafting.PROPORTIONAL)
-  # A config file written before `dedup` was named so still reads (as it still stores).
-  old = DecodeSettings.from_dict({"tree": True})
-  assert old.dedup and old.cell_fields()["tree"] is True
+  # A config written before `dedup` was named so still reads (as records still store it).
+  with pytest.warns(DeprecationWarning, match="decoding is deprecated"):
+    old = SweepConfig.from_dict({**config.to_dict(), "decoding": {"tree": True}})
+  assert old.decode.dedup and sweep_cell_record(old.cell_spec("kseq", 4, 2), Prompts())["tree"]
 
 
 @pytest.mark.slow
@@ -265,7 +268,7 @@ def test_dedup_cells_decode_the_tails_tokens_on_fewer_target_positions(pair, tmp
   shares the autoregressive cells; on this pair the dedup cells emit the same tokens per
   prompt and round on fewer target positions, and the report names them apart."""
   tails = sweep_config(tmp_path, methods=("autoregressive", "kseq"), shard=False)
-  trees = dataclasses.replace(tails, decoding=dataclasses.replace(tails.decoding, dedup=True))
+  trees = tails.replace(dedup=True)
   before = experiment.run_sweep(tails, pair)
   after = experiment.run_sweep(trees, pair)
   assert len(before) == len(after) == 4
@@ -327,8 +330,8 @@ def test_damaged_middle_line_is_an_error_naming_file_and_line(tmp_path):
 
 @pytest.mark.slow
 def test_run_cell_does_not_depend_on_batching(pair):
-  settings = DecodeSettings(1.0, 0, 1.0, 5, 4, 6, False)
-  cell = experiment.Cell("sd", 1, 2, None, 3, settings, pair.fingerprint)
+  spec = DecodeSpec("sd", 1, 2, max_new_tokens=6)
+  cell = experiment.Cell("sd", 1, 2, None, 3, spec, Prompts(5, 4, False), pair.fingerprint)
   one = experiment.run_cell(cell, pair, batch_size=5)
   split = experiment.run_cell(cell, pair, batch_size=2)
   for field in ("emitted", "rounds", "draft_calls", "tokens_per_round", "reached", "hits"):
@@ -514,15 +517,15 @@ def test_grids_that_drop_cells_are_errors_before_any_pair_is_loaded(change, mess
 
 
 def test_an_unknown_config_override_is_named():
-  """Issue 24: `--config.decoding.foo=1` was AttributeError: "'foo'"."""
+  """Issue 24: `--config.decode.foo=1` was AttributeError: "'foo'"."""
   out = subprocess.run(
     [sys.executable, "-m", "experiments.report", "--config", "configs/lm1b_spectr.py:test",
-     "--config.decoding.foo=1"],
+     "--config.decode.foo=1"],
     cwd=_REPO, capture_output=True, text=True,
   )  # fmt: skip
   assert out.returncode != 0
-  fields = "(adaptive, branching, dedup, drafting, layer_stack, max_new_tokens, node_budget"
-  assert f"--config.decoding has no field 'foo' {fields}" in out.stderr
+  fields = "(adaptive, branching, dedup, draft_len, drafting, eos_ids, layer_stack, max_new_tokens"
+  assert f"--config.decode has no field 'foo' {fields}" in out.stderr
 
 
 def test_a_cell_with_non_finite_logits_is_not_saved(pair, tmp_path):
@@ -558,15 +561,14 @@ def test_a_new_drafting_scheme_is_swept_against_every_verifier_exact_for_it(pair
 
   exact = methods.exact_for(toy_drafting.SCHEME.name)
   assert set(exact) == {"sd", "kseq", "specinfer", "optimal", "block", "gbv", "gbv_tp"}
-  decoding = dataclasses.replace(
-    sweep_config(tmp_path).decoding, drafting="toy_iid", num_prompts=2, max_new_tokens=4
-  )
-  grid = dict(num_drafts=(1, 2), draft_lens=(2,), seeds=(0,), decoding=decoding)
-  every = sweep_config(tmp_path, methods=("autoregressive", *exact), **grid)
+  settings = dict(drafting="toy_iid", num_prompts=2, max_new_tokens=4)
+  grid = dict(num_drafts=(1, 2), draft_lens=(2,), seeds=(0,))
+  every = sweep_config(tmp_path, methods=("autoregressive", *exact), **grid).replace(**settings)
   expanded = experiment.expand(every, pair.fingerprint)
   assert {c.method for c in expanded} == {"autoregressive", *exact}
   # Decoded: a token-level and a block-level verifier (each program compiles apart).
   config = sweep_config(tmp_path, methods=("autoregressive", "kseq", "gbv"), **grid)
+  config = config.replace(**settings)
   experiment.run_sweep(config, pair)
   records = results.load_results(config.results_path)
   ran = {r["cell"]["method"]: r["cell"] for r in records.values()}
@@ -576,14 +578,14 @@ def test_a_new_drafting_scheme_is_swept_against_every_verifier_exact_for_it(pair
   labels = {r["label"] for r in report.summarize(list(records.values()))}
   assert f"{methods.get('kseq').label} (toy_iid)" in labels
   with pytest.raises(ValueError, match=r"method 'rrs' is not exact for drafting scheme 'toy_iid'"):
-    sweep_config(tmp_path, methods=("rrs",), decoding=decoding)
+    sweep_config(tmp_path).replace(methods=("rrs",), **settings)
   with pytest.raises(ValueError, match=r"'specinfer' is not exact for .*'wor'.*: sd, rrs"):
     DecodeSpec(method="specinfer", num_drafts=2, draft_len=2, drafting="wor")
 
 
 def test_cells_keep_the_keys_they_had_before_the_drafting_axis():
   """Cells at each method's default scheme keep the keys of results stores written before
-  `DecodeSettings.drafting` (values computed by the code before it), so stored cells are
+  the drafting axis (values computed by the code before it), so stored cells are
   not decoded again; a scheme named explicitly is a new cell."""
   before = {
     ("kseq", 4, 4, "star"): "0f2b69ddadd3824b",
@@ -592,17 +594,19 @@ def test_cells_keep_the_keys_they_had_before_the_drafting_axis():
   }
   for (method, k, draft_len, rho), key in before.items():
     tree = method == "rrs"
-    settings = DecodeSettings(dedup=tree, branching="proportional" if tree else "")
-    cell = experiment.Cell(method, k, draft_len, rho, 0, settings, "abc123")
+    spec = DecodeSpec(
+      method, k, draft_len, rho=rho or "star", max_new_tokens=64, dedup=tree,
+      branching="proportional" if tree else "",
+    )  # fmt: skip
+    cell = experiment.Cell(method, k, draft_len, rho, 0, spec, Prompts(), "abc123")
     assert cell.key == key, method
   # A sweep naming a method's own default scheme keeps its keys too (`expand` stores the
   # default as ""); another scheme is another cell.
   for scheme, same in (("iid", True), ("toy_iid", False)):
     from tests import toy_drafting  # noqa: F401 (registers toy_iid)
 
-    decoding = DecodeSettings(drafting=scheme)
     config = SweepConfig(methods=("kseq",), num_drafts=(4,), draft_lens=(4,), seeds=(0,))
-    (cell,) = experiment.expand(dataclasses.replace(config, decoding=decoding), "abc123")
+    (cell,) = experiment.expand(config.replace(drafting=scheme), "abc123")
     plain = experiment.expand(config, "abc123")[0]
     assert (cell.key == plain.key) == same, scheme
 
@@ -617,8 +621,7 @@ def test_a_results_store_written_before_the_decode_spec_is_resumed_not_redone(
   store = pathlib.Path(__file__).parent / "data" / "store_before_spec"
   config = sweep_config(tmp_path, methods=("autoregressive", "kseq", "rrs"), shard=False)
   config = dataclasses.replace(config, num_drafts=(2,), draft_lens=(2,), seeds=(0,))
-  settings = dict(dedup=True, branching="proportional", num_prompts=2, max_new_tokens=4)
-  config = dataclasses.replace(config, decoding=dataclasses.replace(config.decoding, **settings))
+  config = config.replace(dedup=True, branching="proportional", num_prompts=2, max_new_tokens=4)
   config.results_path.mkdir(parents=True)
   shutil.copy(store / results.RESULTS_FILE, config.results_path)
 
@@ -630,3 +633,39 @@ def test_a_results_store_written_before_the_decode_spec_is_resumed_not_redone(
   assert len(records) == 3
   labels = {r["label"] for r in report.summarize(records)}
   assert f"{methods.get('rrs').label} (proportional, dedup)" in labels
+
+
+@pytest.mark.parametrize(
+  "store, grid, settings",
+  [
+    ("tails", ("autoregressive", "kseq", "specinfer"),
+     dict(adaptive=0.5, temperature=0.8, top_k=5, layer_stack="unroll")),
+    ("tree", ("rrs", "traversal"),
+     dict(drafting="wor", dedup=True, node_budget=3.0, stop_at_eos=True)),
+  ],
+)  # fmt: skip
+def test_a_results_store_written_before_the_template_is_resumed_not_redone(
+  tmp_path, monkeypatch, store, grid, settings
+):
+  """tests/data/store_before_plan: two sweeps stored by the code before the sweep's
+  `DecodeSpec` template (issue 49), when its settings were a `decoding` block. The same
+  sweeps written the new way find every cell stored and decode nothing, and the config
+  each run recorded (its old `decoding` block) still loads, to the same cells."""
+  stored = pathlib.Path(__file__).parent / "data" / "store_before_plan" / store
+  config = sweep_config(tmp_path, methods=grid, shard=False, num_drafts=(2,), draft_lens=(2,))
+  config = config.replace(seeds=(0,), num_prompts=2, max_new_tokens=4, **settings)
+  config.results_path.mkdir(parents=True)
+  shutil.copy(stored / results.RESULTS_FILE, config.results_path)
+
+  def decode(*args, **kwargs):
+    raise AssertionError("a stored cell was decoded again")
+
+  monkeypatch.setattr(engine, "generate", decode)
+  records = experiment.run_sweep(config, random_pair())
+  assert len(records) == len(grid)
+  (provenance,) = results.read_jsonl(stored / results.PROVENANCE_FILE)
+  assert "decoding" in provenance["config"] and "decode" not in provenance["config"]
+  with pytest.warns(DeprecationWarning, match="decoding is deprecated"):
+    old = SweepConfig.from_dict(provenance["config"])
+  pair = records[0]["cell"]["pair"]
+  assert [c.key for c in experiment.expand(old, pair)] == [r["key"] for r in records]

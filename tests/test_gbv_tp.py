@@ -10,7 +10,7 @@
   one-hot and tied trees, V = 2-4, K = 1-4, L = 1-3; a broken variant whose CDF breaks
   ties the other way than the choice is not.
 - Float32 at V = 32k: the skewed law is >= 0, sums to 1, matches float64.
-- Sampled blocks through `verify.verify_block` (chi-square), the broken variant rejected.
+- Sampled blocks through `methods.verify_drafts` (chi-square), the broken variant rejected.
 """
 
 import itertools
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import block, block_bound, verify
+from spectr_jax import block, block_bound, methods
 from spectr_jax.testing import sequences
 from tests import stats
 
@@ -216,17 +216,17 @@ def _sampled(p_tab, q_tab, num_drafts, draft_len, verify_fn, n=N):
   )
 
 
-def _through_verify_block(key, drafts, p, q):
-  return verify.verify_block(key, drafts, p, q, method="gbv_tp")
+def _through_verify_drafts(key, drafts, p, q):
+  return methods.verify_drafts(key, drafts, p, q, method="gbv_tp")
 
 
 @pytest.mark.parametrize(
   "kind, vocab, num_drafts, draft_len",
   [("random", 3, 3, 2), pytest.param("ties", 2, 4, 3, marks=pytest.mark.slow)],
 )
-def test_sampled_sequence_law_through_verify_block(kind, vocab, num_drafts, draft_len):
+def test_sampled_sequence_law_through_verify_drafts(kind, vocab, num_drafts, draft_len):
   p_tab, q_tab = _tree(3, vocab, draft_len, kind)
-  codes, nums = _sampled(p_tab, q_tab, num_drafts, draft_len, _through_verify_block)
+  codes, nums = _sampled(p_tab, q_tab, num_drafts, draft_len, _through_verify_drafts)
   law = sequences.target_law(q_tab, draft_len)
   stats.assert_law(np.bincount(codes, minlength=law.size), law, f"gbv_tp {kind}")
   expected = block_bound.block_value(p_tab, q_tab, num_drafts, draft_len, method="gbv_tp")

@@ -64,7 +64,7 @@ def test_a_residual_drawn_from_q_fails_the_law_and_the_bound():
 
 def test_specinfer_is_not_exact_for_drafts_without_replacement():
   report = harness.check_verifier(
-    verify.specinfer_position, level="token", laws=("wor",), name="specinfer on wor",
+    verify.specinfer_verdict, level="token", laws=("wor",), name="specinfer on wor",
     cases=harness.CASES[:1], **_FAST,
   )  # fmt: skip
   assert not report.passed
@@ -75,7 +75,7 @@ def test_specinfer_is_not_exact_for_drafts_without_replacement():
 
 def test_specinfer_passes_for_iid_drafts_and_the_report_reads():
   report = _must_pass(
-    verify.specinfer_position, level="token", laws=("iid",), name="specinfer",
+    verify.specinfer_verdict, level="token", laws=("iid",), name="specinfer",
     cases=harness.CASES[:2], **_FAST,
   )  # fmt: skip
   assert report.passed, report.markdown()
@@ -105,14 +105,14 @@ def test_the_boundary_check_catches_a_token_of_probability_zero():
   assert jax.random.uniform is uniform  # the forced draws are undone
   assert not broken.passed and {r.kind for r in broken.failures} == {"boundary"}
   assert "u=0" in broken.failures[0].why
-  good = _must_pass(verify.sd_position, level="token", laws=("iid",), **only)
+  good = _must_pass(verify.sd_verdict, level="token", laws=("iid",), **only)
   assert good.passed, good.markdown()
 
 
 def test_register_adds_a_method_once(monkeypatch):
   monkeypatch.setattr(methods, "METHODS", dict(methods.METHODS))
   record = methods.Method(
-    name="sd_copy", level="token", verify="spectr_jax.verify:sd_position", summary="sd again",
+    name="sd_copy", level="token", verify=verify.sd_verdict, summary="sd again",
     max_drafts=1,
   )  # fmt: skip
   methods.register(record)

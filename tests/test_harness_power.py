@@ -56,7 +56,7 @@ def test_the_default_mode_detects_tv_0_01_on_every_informative_tree():
   """At the registered-method gate's level, every informative tree kind's cases detect
   any law at TV 0.01 with probability 0.99; quick mode says it is no evidence."""
   report = harness.check_verifier(
-    verify.sd_position, level="token", laws=("iid",), max_drafts=1, alpha=stats.ALPHA, **_LAW
+    verify.sd_verdict, level="token", laws=("iid",), max_drafts=1, alpha=stats.ALPHA, **_LAW
   )
   stats._count += 1
   assert report.passed, report.markdown()
@@ -66,7 +66,7 @@ def test_the_default_mode_detects_tv_0_01_on_every_informative_tree():
   assert "QUICK MODE" not in report.markdown()
   assert "detect any law at TV" in report.markdown()
   quick = harness.check_verifier(
-    verify.sd_position, level="token", laws=("iid",), max_drafts=1, quick=True, **_LAW
+    verify.sd_verdict, level="token", laws=("iid",), max_drafts=1, quick=True, **_LAW
   )
   assert quick.markdown().startswith("QUICK MODE: a smoke test")
   assert max(quick.power().values()) > harness.DETECT_TV
@@ -76,7 +76,7 @@ def kseq_rho_below_star(key, drafts_K, p_V, q_V, valid_K, factor=0.97) -> Verdic
   """K-SEQ at a fixed rho of `factor` x rho* (at least 1): the accept branch overshoots
   where rho* > 1."""
   rho = jnp.maximum(1.0, factor * acceptance.rho_star(p_V, q_V, jnp.sum(valid_K)))
-  return verify.kseq_position(key, drafts_K, p_V, q_V, valid_K, rho_mode="fixed", rho_value=rho)
+  return verify.kseq_verdict(key, drafts_K, p_V, q_V, valid_K, rho_mode="fixed", rho_value=rho)
 
 
 def sd_residual_short(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
@@ -163,7 +163,7 @@ def kseq_mixed_with_a_wrong_law(key, drafts_K, p_V, q_V, valid_K, weight=0.01) -
   """K-SEQ whose token is, with probability `weight`, the target's least likely token of
   positive probability (a wrong law at total variation 1 - q_min from q) instead."""
   verify_key, mix_key = jax.random.split(key)
-  good = verify.kseq_position(verify_key, drafts_K, p_V, q_V, valid_K, rho_mode="star",
+  good = verify.kseq_verdict(verify_key, drafts_K, p_V, q_V, valid_K, rho_mode="star",
                               rho_value=0.0)  # fmt: skip
   least = jnp.argmin(jnp.where(q_V > 0, q_V, jnp.inf))
   wrong = jax.random.uniform(mix_key) < weight

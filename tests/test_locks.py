@@ -14,7 +14,8 @@ import pytest
 from configs import rho_ablation as rho_ablation_config
 from configs import target as target_config
 from spectr_jax import analysis, experiment, locks, results, train
-from spectr_jax.config import RhoAblationConfig, TrainConfig
+from spectr_jax.sweep_config import RhoAblationConfig
+from spectr_jax.train_config import TrainConfig
 from tests.test_experiment import sweep_config
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding
 
 from configs import pod_gemma2_9b_v5e8, pod_llama_v4_32, pretrained
 from spectr_jax import memory, methods, sharding
-from spectr_jax.config import DecodeSpec, SweepConfig
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import (
   config_from_hf,
   expected_num_params,
@@ -21,6 +21,7 @@ from spectr_jax.models import (
   init_cache,
   param_axes,
 )
+from spectr_jax.sweep_config import SweepConfig
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 # target-test has 4 query and 2 key/value heads: split over model = 2, replicated over 8.

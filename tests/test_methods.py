@@ -1,6 +1,6 @@
 """The method registry: every record resolves, the boundary uniforms, exactness flags.
 
-- Every registered function reference imports and every record is consistent.
+- Every record references callables and is consistent; the table lists every record.
 - Boundary uniforms (issue 24): with every uniform forced to 0.0 or to the largest float
   below 1 (and the sampler's random words to 0 and to 2^32 - 1), no verifier, at any K
   and L, emits a token the target gives probability 0 (one-hot targets, drafts on the
@@ -16,26 +16,38 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import acceptance, methods, verify
+from spectr_jax import acceptance, drafting, methods, verify
 
 _BELOW_ONE = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
 
 
-def test_every_reference_resolves_and_records_are_consistent():
+def test_every_record_holds_its_functions_and_records_are_consistent():
   for method in methods.METHODS.values():
     if method.speculative:
-      assert callable(method.function()), method.name
+      assert callable(method.verify), method.name
       assert method.drafting in methods.DRAFTING
-    if method.acceptance:
-      assert callable(method.acceptance_function()), method.name
+    if method.acceptance is not None:
+      assert callable(method.acceptance), method.name
     if method.single is not None:
       single = methods.get(method.single)
       assert single.max_drafts == 1 and single.level in ("token", method.level)
     for baseline in method.compare_with:
       methods.get(baseline)
   for scheme in methods.DRAFTING.values():
-    assert callable(methods.resolve(scheme.draft))
-    assert callable(methods.resolve(scheme.bound))
+    assert callable(scheme.depths) and callable(scheme.bound)
+  table = methods.table()
+  for name in [*methods.METHODS, *methods.DRAFTING]:
+    assert f"| {name} |" in table, name
+
+
+def test_a_record_named_by_string_still_works_with_a_warning():
+  """The old form of a record's function, "module:function", is deprecated, not gone."""
+  with pytest.warns(DeprecationWarning, match="give the function itself"):
+    record = methods.Method(
+      name="sd_string", level="token", verify="spectr_jax.verify:sd_verdict", summary="sd",
+      max_drafts=1,
+    )  # fmt: skip
+  assert record.function() is verify.sd_verdict
 
 
 def test_unknown_method_and_rho_are_named():
@@ -142,12 +154,12 @@ def test_boundary_words_never_draft_a_zero_probability_token(forced_randomness, 
     return jnp.broadcast_to(logits_V, shape), cache
 
   probs = functools.partial(jax.nn.softmax, axis=-1)
-  scheme_fn = methods.resolve(methods.DRAFTING[scheme].draft)
+  depths = methods.DRAFTING[scheme].depths(3, 4, None)
 
   def draft(keys):
     pending = jnp.zeros((2, 2), jnp.int32)
-    out = scheme_fn(extend, None, None, pending, jnp.ones((2,), jnp.int32), keys, probs,
-                    num_drafts=3, draft_len=4)  # fmt: skip
+    out = drafting.draft_paths(depths, extend, None, None, pending, jnp.ones((2,), jnp.int32),
+                               keys, probs, num_drafts=3, draft_len=4)  # fmt: skip
     return out.tokens_BxKxL
 
   draft = forced_randomness(draft)
@@ -171,7 +183,7 @@ def test_overshoot_is_the_closed_form_deficit():
   valid_K = jnp.ones((3,), bool)
   for rho in ("star", "k", 1.0, 1.5):
     mode, value = acceptance.split_rho(rho)
-    verdict = verify.kseq_position(
+    verdict = verify.kseq_verdict(
       jax.random.key(0), drafts_K, p_V, q_V, valid_K, rho_mode=mode, rho_value=value
     )
     deficit = float(acceptance.kseq_acceptance(p_V, q_V, 3, rho).deficit)
@@ -194,25 +206,9 @@ def test_the_walk_reports_overshoot_only_for_an_invalid_rho(name):
   p_KxLxV = jnp.broadcast_to(p_V, (k, 2, 3))
   q_KxL1xV = jnp.broadcast_to(q_V, (k, 3, 3))
   for rho in ("star", 1.0):
-    _, num, stats = verify.verify_block(
+    _, num, stats = methods.verify_drafts(
       jax.random.key(0), drafts_KxL, p_KxLxV, q_KxL1xV, method=name, rho=rho, return_stats=True
     )
     first = float(stats.overshoot_L1[0])
     invalid = methods.get(name).takes_rho and rho == 1.0 and k > 1
     assert (first > methods.OVERSHOOT_TOL) == invalid, (name, rho, first)
-
-
-def test_every_list_of_methods_names_the_whole_registry():
-  """README.md's and `DecodeSpec`'s lists of methods name every registered method (they
-  listed 7 of 10)."""
-  import pathlib
-
-  from spectr_jax.config import DecodeSpec
-
-  readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-  listed = readme[readme.index("`method` is a name of the registry") :][:600]
-  doc = DecodeSpec.__doc__
-  described = doc[doc.index("method: the verifier, a name of the method registry") :][:400]
-  for name in methods.names():
-    assert f'"{name}"' in listed, f"README.md's list of methods lacks {name!r}"
-    assert f'"{name}"' in described, f"DecodeSpec's docstring lacks {name!r}"

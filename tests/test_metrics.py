@@ -89,7 +89,7 @@ def test_bench_decode_measures_a_table_that_covers_its_configs(tmp_path):
   import jax
   import jax.numpy as jnp
 
-  from spectr_jax.config import DecodeSpec
+  from spectr_jax.decode_spec import DecodeSpec
   from spectr_jax.models import ModelBundle, get_model_config, init_params
   from tests.test_profile_round import _script
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from spectr_jax import engine, rounds, sharding
-from spectr_jax.config import DecodeSpec
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import (
   Decoder,
   KVCache,

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import DecodeSpec, adaptive, engine, tree, verify
+from spectr_jax import DecodeSpec, adaptive, engine, methods, tree, verify
 from tests import engine_pair, stats
 from tests.engine_pair import codes, exact_law, generate
 
@@ -145,7 +145,7 @@ def test_a_walk_past_every_kept_token_draws_the_bonus_from_q():
   q = jnp.zeros((2, 3, 4)).at[:, 0, 1].set(1.0).at[:, 1, 3].set(1.0).at[:, 2, 0].set(1.0)
   for method in ("rrs", "traversal"):
     tokens, num, _ = verify.walk(
-      jax.random.key(0), drafts, p, q, 1.0, method, "star", length=jnp.asarray([1, 0])
+      jax.random.key(0), drafts, p, q, 1.0, methods.get(method), "star", length=jnp.asarray([1, 0])
     )
     assert int(num) == 2, method
     np.testing.assert_array_equal(np.asarray(tokens)[:2], [1, 3], err_msg=method)
@@ -174,7 +174,8 @@ def test_a_block_verifier_without_lengths_refuses_one():
   drafts = jnp.zeros((2, 2), jnp.int32)
   p, q = jnp.full((2, 2, 4), 0.25), jnp.full((2, 3, 4), 0.25)
   with pytest.raises(ValueError, match="takes no length"):
-    verify.walk(jax.random.key(0), drafts, p, q, 1.0, "gbv", "star", length=jnp.asarray([1, 1]))
+    gbv = methods.get("gbv")
+    verify.walk(jax.random.key(0), drafts, p, q, 1.0, gbv, "star", length=jnp.asarray([1, 1]))
 
 
 @pytest.fixture(scope="module")

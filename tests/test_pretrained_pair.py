@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from configs import lm1b_spectr
-from spectr_jax import config as config_lib
-from spectr_jax import engine, experiment, pairs, sampling
-from spectr_jax.config import DecodeSpec, PairConfig
+from spectr_jax import engine, experiment, pairs, sampling, sweep_config
 from spectr_jax.data import DataError, HFTokenizer
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import load_pretrained
+from spectr_jax.pair_config import PairConfig
 from spectr_jax.testing import hf_checkpoints
 from tests import stats
 
@@ -159,7 +159,7 @@ def test_sweep_on_a_pretrained_pair_trains_nothing(tmp_path, monkeypatch):
   arg = f"test,pair=pretrained,draft_dir={draft_dir},target_dir={target_dir}"
   c = lm1b_spectr.get_config(arg)
   c.methods, c.num_drafts, c.seeds = ("autoregressive", "kseq"), (2,), (0,)
-  sweep = config_lib.SweepConfig.from_dict(c.to_dict())
+  sweep = sweep_config.SweepConfig.from_dict(c.to_dict())
   assert sweep.pair.kind == "pretrained" and sweep.pair.max_len == 0
   records = experiment.run_sweep(sweep)
   assert [r["cell"]["method"] for r in records] == ["autoregressive", "kseq"]

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from spectr_jax import engine, timing
-from spectr_jax.config import DecodeSpec
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 
 _SCRIPTS = pathlib.Path(__file__).parents[1] / "scripts"

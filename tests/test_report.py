@@ -11,7 +11,8 @@ import pytest
 
 from configs import lm1b_spectr
 from spectr_jax import experiment, methods, metrics, report, results
-from spectr_jax.config import DecodeSettings, SweepConfig
+from spectr_jax.decode_spec import DecodeSpec
+from spectr_jax.sweep_config import Prompts, SweepConfig
 from tests.test_results import valid_record
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,8 +133,9 @@ def test_every_method_has_its_own_colour_and_inexact_rows_are_hollow(tmp_path, m
 
 
 def _record(method, k, draft_len, seed, emitted, rounds, seconds, rho=None, pair="p", **shape):
-  settings = DecodeSettings(1.0, 0, 1.0, len(emitted), 8, 16, False, **shape)
-  cell = experiment.Cell(method, k, draft_len, rho, seed, settings, pair)
+  spec = DecodeSpec(method, k, draft_len, rho=rho or "star", max_new_tokens=16, **shape)
+  prompts = Prompts(len(emitted), 8, False)
+  cell = experiment.Cell(method, k, draft_len, rho, seed, spec, prompts, pair)
   return valid_record(
     cell.key,
     draft_len,
@@ -313,7 +315,7 @@ def test_report_keeps_the_configs_cells_of_the_latest_pair(tmp_path):
   config = SweepConfig.from_dict(lm1b_spectr.get_config("test").to_dict())
   cells = experiment.expand(config, "new")
   records = [
-    valid_record(c.key, c.draft_len, c.decoding.num_prompts, cell=c.as_record()) for c in cells
+    valid_record(c.key, c.draft_len, c.prompts.num_prompts, cell=c.as_record()) for c in cells
   ]
   old = [dict(r, key=r["key"] + "-old", cell=dict(r["cell"], pair="old")) for r in records]
   _write(tmp_path, old[:1] + records[:2] + old[1:], runs=("old", "new"))

@@ -76,7 +76,8 @@ def test_public_reading_one_token():
 
 def test_public_reading_one_draft_is_the_uncapped_walk_back():
   """K = 1, L = 2, Sun et al.'s toy: the uncapped joint-ratio rule emits 00 with
-  probability 1/3, not 4/9 (as HSD's released rule; tests/test_hsd.py)."""
+  probability 1/3, not 4/9 (as the HSD rule transcribed from its authors' code;
+  tests/test_hsd.py)."""
   p_tab, q_tab = sequences.constant_tree(TOY_P, TOY_Q, 2)
   law, tokens = hsd.chain_law(p_tab, q_tab, 2, capping="none", override="none")
   assert np.abs(law - sequences.target_law(q_tab, 2)).sum() == pytest.approx(2 / 9)

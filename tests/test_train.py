@@ -19,8 +19,9 @@ from configs import draft as draft_config
 from configs import eval_pair as eval_pair_config
 from configs import target as target_config
 from spectr_jax import analysis, checks, data, evaluate, runs, train
-from spectr_jax.config import EvalConfig, TrainConfig
+from spectr_jax.evaluate import EvalConfig
 from spectr_jax.models import ModelBundle, init_params, unstack_layers
+from spectr_jax.train_config import TrainConfig
 from tests.training import small_config
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

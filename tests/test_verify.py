@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import acceptance, sampling, verify
+from spectr_jax import acceptance, methods, sampling, verify
 from spectr_jax.testing import reference, sequences
 from tests import stats
 
@@ -73,8 +73,9 @@ def _internal(method, rho_mode="star", rho_value=0.0):
 
   def verifier(key, drafts_K, p_V, q_V):
     valid_K = jnp.ones(drafts_K.shape, bool)
-    fn = verify._position_function(method, rho_mode, jnp.float32(rho_value))
-    verdict = fn(key, drafts_K, p_V, q_V, valid_K)
+    record = methods.get(method)
+    rho = dict(rho_mode=rho_mode, rho_value=jnp.float32(rho_value)) if record.takes_rho else {}
+    verdict = record.verify(key, drafts_K, p_V, q_V, valid_K, **rho)
     return verdict.token, verdict.accepted
 
   return verifier
@@ -237,10 +238,10 @@ def _prefix_tables(seed, draft_len, conc=0.7):
 
 
 def _sample_blocks(key, p_tab, q_tab, num_drafts, draft_len, method, rho, n=N, bonus_shift=0):
-  """`sequences.sample_blocks` through `verify_block` with the given method and rho."""
+  """`sequences.sample_blocks` through `methods.verify_drafts` with the given method and rho."""
 
   def verify_fn(key, drafts_KxL, p_KxLxV, q_KxL1xV):
-    return verify.verify_block(key, drafts_KxL, p_KxLxV, q_KxL1xV, method=method, rho=rho)
+    return methods.verify_drafts(key, drafts_KxL, p_KxLxV, q_KxL1xV, method=method, rho=rho)
 
   return sequences.sample_blocks(
     key, p_tab, q_tab, num_drafts, draft_len, verify_fn, n, bonus_shift=bonus_shift
@@ -330,7 +331,7 @@ def test_block_stats_and_identical_models():
   p_KxLxV = jnp.full((2, 3, 4), 0.25)
   drafts_KxL = jnp.asarray([[0, 1, 2], [0, 1, 3]], jnp.int32)
   q_KxL1xV = jnp.full((2, 4, 4), 0.25)
-  tokens, num, st = verify.verify_block(
+  tokens, num, st = methods.verify_drafts(
     jax.random.key(0), drafts_KxL, p_KxLxV, q_KxL1xV, return_stats=True
   )
   assert int(num) == 4
@@ -345,7 +346,7 @@ def test_block_vmaps_under_jit():
   p_tab, q_tab = _prefix_tables(5, 2)
   fn = jax.jit(
     jax.vmap(
-      functools.partial(verify.verify_block, method="kseq", rho=1.5),
+      functools.partial(methods.verify_drafts, method="kseq", rho=1.5),
       in_axes=(0, None, None, None),
     )
   )
@@ -384,7 +385,8 @@ def test_walk_has_no_data_dependent_loop(method, rho_mode, num_drafts):
   q_KxL1xV = jnp.full((num_drafts, draft_len + 1, v), 1.0 / v)
 
   def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV):
-    return verify.walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, jnp.float32(1.5), method, rho_mode)
+    record = methods.get(method)
+    return verify.walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, jnp.float32(1.5), record, rho_mode)
 
   assert not _data_dependent_loops(walk, _KEY, drafts_KxL, p_KxLxV, q_KxL1xV)
 
@@ -421,7 +423,7 @@ _D2 = jnp.zeros(2, jnp.int32)
 
 def _block(method="kseq", draft_len=2, q_len=3):
   drafts = jnp.zeros((2, draft_len), jnp.int32)
-  return verify.verify_block(
+  return methods.verify_drafts(
     _KEY, drafts, jnp.full((2, draft_len, 2), 0.5), jnp.full((2, q_len, 2), 0.5), method=method
   )
 
@@ -446,20 +448,21 @@ def test_bad_input(call, message):
 
 
 class WalkTest(chex.TestCase):
-  """`verify.walk`, the engine's seam, is `verify_block` without the checks, with and
+  """`verify.walk`, the engine's seam, is `methods.verify_drafts` without the checks, with and
   without jit."""
 
   @chex.variants(with_jit=True, without_jit=True)
-  def test_walk_matches_verify_block(self):
+  def test_walk_matches_verify_drafts(self):
     k, draft_len, v = 3, 4, 6
     rng = np.random.default_rng(0)
     p_KxLxV = jnp.asarray(rng.dirichlet(np.ones(v), (k, draft_len)), jnp.float32)
     q_KxL1xV = jnp.asarray(rng.dirichlet(np.ones(v), (k, draft_len + 1)), jnp.float32)
     drafts_KxL = jnp.asarray(rng.integers(0, v, (k, draft_len)), jnp.int32)
-    walk = self.variant(functools.partial(verify.walk, method="kseq", rho_mode="star"))
+    kseq = methods.get("kseq")
+    walk = self.variant(functools.partial(verify.walk, verifier=kseq, rho_mode="star"))
     for seed in range(4):
       key = jax.random.key(seed)
       got = walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, jnp.float32(0.0))
-      want = verify.verify_block(key, drafts_KxL, p_KxLxV, q_KxL1xV, return_stats=True)
+      want = methods.verify_drafts(key, drafts_KxL, p_KxLxV, q_KxL1xV, return_stats=True)
       chex.assert_shape(got[0], (draft_len + 1,))
       chex.assert_trees_all_equal(got, want)

@@ -5,7 +5,7 @@
   sampling (Gumbel-top-k), also where fewer than K tokens have mass (copies of path 0).
 - Exactness: the float64 reference law of RRS given the drafts, averaged over every
   ordered draw, is q (V = 2-5, K = 1-5, sparse and one-hot cases); the JAX verifier's
-  output is q by chi-square per position and, through `verify.verify_block`, on
+  output is q by chi-square per position and, through `methods.verify_drafts`, on
   sequences (L = 1-3); the broken variant (SpecInfer's rule on drafts without
   replacement, the draft law not renormalised) is rejected. The engine test is in
   tests/test_engine.py.
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import acceptance, drafting, verify
+from spectr_jax import acceptance, drafting, methods, verify
 from spectr_jax.testing import reference, sequences
 from spectr_jax.testing import wor_reference as ref
 from tests import stats
@@ -244,7 +244,7 @@ POSITION_CASES = {
 )
 def test_rrs_output_law_is_q(case):
   p, q, k = POSITION_CASES[case]
-  tokens, accepted, hit = _sample_position(verify.rrs_position, p, q, k)
+  tokens, accepted, hit = _sample_position(verify.rrs_verdict, p, q, k)
   stats.assert_law(np.bincount(tokens, minlength=len(q)), q, f"rrs {case}")
   np.testing.assert_array_equal(hit, accepted)  # a rejected draft is never the final draw
   if case == "dirichlet-v6":
@@ -258,7 +258,7 @@ def test_rrs_large_vocabulary():
   """V = 32k, K = 8, LLM-like pairs, 64 bins of equal q-mass; the hit rate against the
   estimate of `acceptance.rrs_acceptance`."""
   p, q = sequences.llm_like(11, 32_000)
-  tokens, _, hit = _sample_position(verify.rrs_position, p, q, 8, n=N // 10)
+  tokens, _, hit = _sample_position(verify.rrs_verdict, p, q, 8, n=N // 10)
   bins, bin_probs = stats.equal_mass_bins(q, 64)
   stats.assert_law(np.bincount(bins[tokens], minlength=64), bin_probs, "rrs V=32k")
   est = acceptance.rrs_acceptance(_f32(p), _f32(q), 8, num_histories=512)
@@ -268,7 +268,7 @@ def test_rrs_large_vocabulary():
 def test_rejects_specinfer_rule_on_drafts_without_replacement():
   """The draft law not renormalised after each rejection (SpecInfer's rule) is not exact."""
   p, q, k = EDGE_CASES[6]
-  tokens, _, _ = _sample_position(verify.specinfer_position, p, q, k)
+  tokens, _, _ = _sample_position(verify.specinfer_verdict, p, q, k)
   stats.assert_rejects(np.bincount(tokens, minlength=len(q)), q, "specinfer on wor drafts")
 
 
@@ -280,7 +280,7 @@ def test_repeated_and_masked_drafts_are_skipped():
 
   @jax.jit
   def outputs(drafts_K, valid_K):
-    verdict = jax.vmap(lambda key: verify.rrs_position(key, drafts_K, p, q, valid_K))(keys)
+    verdict = jax.vmap(lambda key: verify.rrs_verdict(key, drafts_K, p, q, valid_K))(keys)
     return verdict.token, verdict.accepted
 
   def run(drafts, valid):
@@ -292,21 +292,21 @@ def test_repeated_and_masked_drafts_are_skipped():
   assert not np.array_equal(same[0], run([0, 1, 2], [True, True, True])[0])
 
 
-def test_public_rrs_and_verify_block_checks():
+def test_public_rrs_and_verify_drafts_checks():
   p, q = _f32([0.5, 0.3, 0.2]), _f32([0.2, 0.2, 0.6])
   token, _ = verify.rrs(jax.random.key(0), jnp.asarray([2, 0], jnp.int32), p, q)
   assert 0 <= int(token) < 3
   p_KxLxV = jnp.broadcast_to(p, (3, 2, 3))
   q_KxL1xV = jnp.broadcast_to(q, (3, 3, 3))
   ok = jnp.asarray([[1, 0], [2, 2], [1, 0]], jnp.int32)  # path 2 copies path 0
-  verify.verify_block(jax.random.key(0), ok, p_KxLxV, q_KxL1xV, method="rrs")
+  methods.verify_drafts(jax.random.key(0), ok, p_KxLxV, q_KxL1xV, method="rrs")
   iid_like = jnp.asarray([[1, 0], [2, 2], [1, 2]], jnp.int32)
   with pytest.raises(ValueError, match="paths 0 and 2 share the first token 1"):
-    verify.verify_block(jax.random.key(0), iid_like, p_KxLxV, q_KxL1xV, method="rrs")
-  verify.verify_block(jax.random.key(0), iid_like, p_KxLxV, q_KxL1xV, method="specinfer")
+    methods.verify_drafts(jax.random.key(0), iid_like, p_KxLxV, q_KxL1xV, method="rrs")
+  methods.verify_drafts(jax.random.key(0), iid_like, p_KxLxV, q_KxL1xV, method="specinfer")
 
 
-# Sequences: the scheme's drafts through verify_block, completed by exact target draws.
+# Sequences: the scheme's drafts through methods.verify_drafts, completed by exact target draws.
 
 
 def _sequence_law(q_tab, draft_len):

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from spectr_jax.config import TrainConfig
+from spectr_jax.train_config import TrainConfig
 
 
 def small_config(module, cache_dir: str, **changes) -> TrainConfig:

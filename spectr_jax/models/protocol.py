@@ -1,6 +1,6 @@
 """The decoder protocol: what the engine's round, training and analysis call of a model.
 
-A `Decoder` is static (hashable, no arrays: it lives in the engine's static `rounds.RoundSpec`
+A `Decoder` is static (hashable, no arrays: it lives in the engine's static `plan.DecodePlan`
 and crosses jit as a static argument); parameters and caches are passed in and returned.
 `decoder(config)` gives the decoder of a config, whatever its family: the round never
 names a model class. `extend` and `take_tails` are the drafting seam's calls

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from spectr_jax import acceptance, checks
-from spectr_jax.methods import Verdict
 from spectr_jax.optimal.plan import DEFAULT_NUM_CUTS, OptimalPlan, build_plan
 from spectr_jax.sampling import categorical
+from spectr_jax.verdict import Verdict
 
 
 def select(u_level, u_pick, drafts_K, valid_K, plan: OptimalPlan):

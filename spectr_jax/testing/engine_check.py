@@ -30,7 +30,7 @@ import numpy as np
 from scipy import stats as sstats
 
 from spectr_jax import engine, methods
-from spectr_jax.config import DecodeSpec
+from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 from spectr_jax.testing.harness import Report, Row, detectable_tv
 

@@ -359,7 +359,7 @@ def draft_tuples(p_tab, num_drafts: int, draft_len: int, law: str):
 
 def _tuple_arrays(p_tab, q_tab, codes_TxK, draft_len):
   """drafts_TxKxL, p_TxKxLxV, q_TxKxL1xV of every tuple (index convention of
-  `verify.verify_block`)."""
+  `methods.verify_drafts`)."""
   vocab = p_tab.shape[-1]
   digits = [(codes_TxK // vocab ** (draft_len - 1 - t)) % vocab for t in range(draft_len)]
   drafts = np.stack(digits, -1)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import drafting, sampling, verify
+from spectr_jax import drafting, methods, sampling, verify
 
 TREE_KINDS = ("random", "sparse", "one-hot", "ties")
 
@@ -159,13 +159,13 @@ def wor_drafts(p_tab, num_drafts, draft_len, n, seed=0, branching=None):
 def sample_wor_blocks(
   p_tab, q_tab, num_drafts, draft_len, n=100_000, seed=3, method="rrs", branching=None
 ):
-  """`verify_block` on drafts of the "wor" scheme (with a static branching: the walk it
+  """`methods.verify_drafts` on drafts of the "wor" scheme (with a static branching: the walk it
   runs, `verify.walk`, whose input check takes the default branching only), each block
   completed with exact target draws: numpy (codes of the L + 1 tokens, num_tokens)."""
   vocab = p_tab.shape[-1]
   out = wor_drafts(p_tab, num_drafts, draft_len, n, seed, branching)
   if branching is None:
-    block = functools.partial(verify.verify_block, method=method)
+    block = functools.partial(methods.verify_drafts, method=method)
   else:
     walk = functools.partial(verify.walk, rho_value=0.0, method=method, rho_mode="star")
     block = lambda *args: walk(*args)[:2]  # noqa: E731

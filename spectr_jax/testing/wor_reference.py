@@ -1,6 +1,6 @@
 """Float64 references for drafts without replacement (SPEC section 5), by enumeration.
 
-A test oracle for `drafting.distinct_tokens`, `verify.rrs_position` and the bound and
+A test oracle for `drafting.distinct_tokens`, `verify.rrs_verdict` and the bound and
 acceptance of `spectr_jax.acceptance` (nothing in spectr_jax imports it). Small V only.
 
 - `ordered_draws(p, k)`: every ordered tuple of k distinct tokens drawn without
