@@ -6,9 +6,11 @@
 - `sequences`: random and constant (p, q) trees of block_bound's layout, and the
   sequence-level verifiers run on them (scripts/block_table.py, tests).
 - `wor_reference`: the laws of drafts without replacement and their verifiers.
-- `hsd`: HSD (Zhou et al., arXiv 2601.05724) as its authors released it, in JAX and as
-  an exact float64 chain law: a published rule found NOT exact, kept here (not in the
-  method registry) so that tests and scripts/block_table.py can show where it fails.
+- `hsd`: HSD (Zhou et al., arXiv 2601.05724), the two readings of its authors' code
+  (`algorithm_clean.py`, deleted before publication, and the rule in the repository at
+  publication), in JAX and as exact float64 chain laws: rules found NOT exact, kept
+  here (not in the method registry) so that tests and scripts/block_table.py show where
+  they fail.
 - `hf_checkpoints`: tiny Hugging Face checkpoints (config.json, safetensors,
   tokenizer.json) of each family, written in the hub's format, for the loaders' tests
   and load benchmarks.

@@ -1,53 +1,58 @@
-"""Hierarchical Speculative Decoding (HSD) on one draft chain, as its authors released it,
-and its exact output law (docs/BLOCK_VERIFICATION.md, "HSD").
+"""Hierarchical Speculative Decoding (HSD) on one draft chain, in three readings of its
+authors' code and paper, and the exact output law of each (docs/BLOCK_VERIFICATION.md,
+"HSD").
 
 Zhou, Huang, Li, Wu, Wang, Zhang, Lin, Cheng, "Overcoming Joint Intractability with
-Lossless Hierarchical Speculative Decoding" (arXiv 2601.05724, ICLR 2026). Of the paper
-only the abstract was readable to us; the rule below is written (in our own code and
-notation) from the verification function of the authors' public repository
-(github.com/ZhouYuxuanYX/Hierarchical-Speculative-Decoding, `algorithm_clean.py`, the path
-`HSD=True`, the README's "HSD (clever)"), read through the code index. Their letters are
-swapped: their q is our draft p, their p our target q.
-
-NOT EXACT. Enumerating its output law (`chain_law`) shows it differs from the target's
-sequence law on generic trees from L = 2 on, and its expected tokens per round exceed
-block verification's, which is the LP optimum for one draft (`block_bound.block_bound`,
-K = 1): a value above the bound is only possible for an inexact rule. Smallest witness:
-Sun et al.'s toy, p = (1/3, 2/3), q = (2/3, 1/3) at every prefix, L = 2: the output starts
-with 00 with probability 1/3 instead of 4/9 (L1 distance 2/9), 7/3 tokens per round
-against block verification's 20/9 = the bound. So it is not registered in
-`methods.METHODS` (registering declares a method exact for its drafting law).
+Lossless Hierarchical Speculative Decoding" (arXiv 2601.05724, ICLR 2026). Read through the
+code index: the paper's text and the authors' repository
+(github.com/ZhouYuxuanYX/Hierarchical-Speculative-Decoding). Their letters are swapped:
+their q is our draft p, their p our target q. Our own code and notation throughout.
 
 The rule, for one draft chain X_1..X_L ~ p (K = 1), with rho_i = Q(X^i) / P(X^i) the
 uncapped joint ratio of the prefix (rho_0 = 1) and, at each prefix X^i (i < L), with
-p_i = p(. | X^i), q_i = q(. | X^i):
+p_i = p(. | X^i), q_i = q(. | X^i) and a cap c_i (below):
 
-  c_i = min(1, rho_i)                                   ("prefix" capping: the target's
-                                                         joint capped at the draft's)
   plus_i = max(c_i q_i - p_i, 0),  minus_i = max(p_i - c_i q_i, 0)
   h_i = sum plus_i / max(sum plus_i, sum minus_i)       (0 where both sums are 0)
-  h_i = 1 where rho_{i+1} >= 1                          ("next" override of the code)
-  accept the whole chain with probability min(1, rho_L);
-  otherwise walk back from i = L - 1: stop at the last i whose test eta_i < h_i succeeds
-  (i = L - 1 if none does); emit X^i and Y ~ norm(plus_i), or, where plus_i is all 0,
-  emit X^{i+1} with no new token; after a full acceptance, the bonus Y ~ q(. | X^L).
+  h_i = 1 where rho_{i+1} >= 1                          (override "next" only)
+  accept the whole chain with probability min(1, rho_L) (final "joint") or c_L
+  (final "weight"); otherwise walk back from i = L - 1: stop at the last i whose test
+  eta_i < h_i succeeds (i = L - 1 if none does); emit X^i and Y ~ norm(plus_i), or,
+  where plus_i is all 0, emit X^{i+1} with no new token; after a full acceptance, the
+  bonus Y ~ q(. | X^L).
 
-Other readings of the code family are kept as options, to show where exactness breaks:
-`capping="running"` (the repository's `simulation.py`: c_i = rho_i / max(1, rho_1..rho_i),
-which is block verification's weight w_i exactly), `capping="none"` (c_i = rho_i, the
-uncapped joint ratio: the code's `approxi` path, before the authors' capping),
-`override="none"`, and `final="weight"` (accept the whole chain with probability c_L
-instead of min(1, rho_L)). With ("running", "none", "weight") the rule IS Sun et al.'s
-block verification (`spectr_jax.block`; h_i = rho_i / (rho_i + 1 - w_i) rewritten), and
-exact; every reading that keeps the full-chain acceptance min(1, rho_L) is inexact
-(tests/test_hsd.py). Why, in flow terms: rejected draft mass arriving at a prefix u from
-below can only be emitted as u, a correction token, then the target's continuation. With
-uncapped ratios the mass balances at every prefix whose ratio is <= 1 (the walk-back
-passes up exactly max(P(u) - Q(u), 0)), but where rho > 1 at an inner prefix the deficit
-left below it must be filled from above, and a fill from above continues with q, not
-with the deficit's shape. Capping at the prefix alone (the released rule) breaks the
-balance of the walk-back itself; capping at every depth and accepting the whole chain
-with w_L (block verification) restores both.
+Caps: "prefix" c_i = min(1, rho_i); "running" c_i = rho_i / max(1, rho_1..rho_i) (block
+verification's weight w_i); "none" c_i = rho_i (the code's `approxi` path).
+
+`READINGS` names the three readings of the authors' material:
+- "clean" (the defaults): `algorithm_clean.py`, path `HSD=True` (the README's "HSD
+  (clever)"); the authors deleted this file from their repository before the paper
+  appeared. NOT EXACT.
+- "published": the code the paper prints (Appendix F, Listing 2), also the repository's
+  `algorithm.py`: the running cap, no override, the whole chain accepted with
+  min(1, rho_L). NOT EXACT. In `algorithm.py` the cap's assignment is indented under the
+  `if` that raises the running maximum; we follow the paper's Definition 5 instead, which
+  caps at every depth. Where c_i q_i = p_i the listing divides 0 by 0; we keep the
+  conventions above.
+- "equations": the paper's equations as we read them (Definitions 4-6, Eq. 19: the whole
+  chain accepted with min(1, r*) = w_L). This is Sun et al.'s block verification
+  (`spectr_jax.block`; h_i = rho_i / (rho_i + 1 - w_i) rewritten), and exact.
+
+Inexact means: the enumerated output law (`chain_law`) differs from the target's sequence
+law on generic trees from L = 2 on, and the expected tokens per round exceed block
+verification's, which is the LP optimum for one draft (`block_bound.block_bound`, K = 1).
+Only an inexact rule can exceed it. Smallest witness, for "clean" and "published" alike:
+Sun et al.'s toy, p = (1/3, 2/3), q = (2/3, 1/3) at every prefix, L = 2. The output starts
+with 00 with probability 1/3 instead of 4/9 (L1 distance 2/9), with 7/3 tokens per round
+against the bound 20/9. So neither is registered in `methods.METHODS` (registering
+declares a method exact for its drafting law). Both are exact at L = 1 (one rejection
+step) and for one-hot drafts (every rho_i <= 1, so every cap is rho_i and min(1, rho_L) =
+w_L). Why they fail elsewhere, in flow terms: rejected draft mass reaching a prefix u can
+only be emitted as u, a correction token, then the target's continuation. Accepting the
+whole chain with min(1, rho_L) ignores an inner prefix whose ratio exceeds 1: chains below
+it are over-accepted, and the deficit left beside them can only be filled from above,
+continuing with q rather than with the deficit's shape. The prefix cap also breaks the
+balance of the walk-back itself; the running cap with w_L balances at every depth.
 
 `verify_chain` is jit/vmap-able with static shapes (the depths unrolled in Python).
 """
@@ -58,14 +63,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax.methods import BlockVerdict
 from spectr_jax.sampling import categorical
+from spectr_jax.verdict import BlockVerdict
 
-__all__ = ["CAPPINGS", "FINALS", "OVERRIDES", "chain_law", "chain_stops", "verify_chain"]
+__all__ = [
+  "CAPPINGS",
+  "FINALS",
+  "OVERRIDES",
+  "READINGS",
+  "chain_law",
+  "chain_stops",
+  "verify_chain",
+]
 
 CAPPINGS = ("prefix", "running", "none")
 OVERRIDES = ("next", "none")
 FINALS = ("joint", "weight")
+# The authors' rule as read from each source (module docstring): (capping, override, final).
+READINGS = {
+  "clean": ("prefix", "next", "joint"),
+  "published": ("running", "none", "joint"),
+  "equations": ("running", "none", "weight"),
+}
 
 
 def _check(capping, override, final):
@@ -115,9 +134,10 @@ def _cummax(x, xp):
 def verify_chain(
   key, drafts_KxL, p_KxLxV, q_KxL1xV, *, capping="prefix", override="next", final="joint"
 ) -> BlockVerdict:
-  """HSD on one draft chain (K = 1; index convention of `verify.verify_block`).
+  """HSD on one draft chain (K = 1; index convention of `methods.verify_drafts`).
 
-  The defaults are the authors' released rule (module docstring), which is NOT exact.
+  The defaults are the "clean" reading; `READINGS` names the others (module docstring).
+  Only "equations" (block verification) is exact.
 
   Returns:
     `methods.BlockVerdict`: tokens_L1[:num_tokens] emitted (the rest 0).
@@ -158,7 +178,8 @@ def chain_law(p_tab, q_tab, draft_len: int, capping="prefix", override="next", f
   Returns:
     (law, tokens): the law over the V^(L+1) completed strings (base-V code, first token
     most significant) and the expected number of tokens per round. The rule is exact
-    where law equals `sequences.target_law(q_tab, L)`.
+    where law equals `sequences.target_law(q_tab, L)`. The knobs are `verify_chain`'s:
+    `chain_law(p_tab, q_tab, L, *READINGS["published"])` is the published rule.
   """
   _check(capping, override, final)
   p_tab, q_tab = np.asarray(p_tab, np.float64), np.asarray(q_tab, np.float64)
