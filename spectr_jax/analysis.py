@@ -171,11 +171,11 @@ def _multi_draft(drafting: str = "") -> list[tuple[methods.Method, str]]:
   """(method, drafting scheme) of the multi-draft methods of the registry with a
   closed-form acceptance, in order: each with its own scheme (drafting "") or, for a
   named scheme, those exact for its law (their closed forms are of that law)."""
-  law = methods.get_drafting(drafting).law if drafting else ""
+  exact = methods.exact_for(drafting) if drafting else tuple(methods.METHODS)
   return [
     (m, drafting or m.drafting)
     for m in methods.METHODS.values()
-    if m.multi_draft and m.acceptance and (not law or law in m.exact_for)
+    if m.multi_draft and m.acceptance and m.name in exact
   ]
 
 

@@ -214,7 +214,11 @@ PROBABILITY_COPIES = {"tpu": 2}
 
 
 def probability_bytes(
-  method: str, num_drafts: int, draft_len: int, vocab_size: int, platform: str = ""
+  method: str | methods.Method,
+  num_drafts: int,
+  draft_len: int,
+  vocab_size: int,
+  platform: str = "",
 ) -> int:
   """Bytes of one row's float32 probability arrays in a round (docs/PERFORMANCE.md).
 
@@ -222,8 +226,9 @@ def probability_bytes(
   the draft loop's carry of it); the block-level verifiers hold four more K (L + 1) x V
   (their per-position residuals); times `PROBABILITY_COPIES` of `platform`.
   """
+  record = methods.get(method) if isinstance(method, str) else method
   r = draft_len + 1
-  block_level = methods.get(method).level == "block"
+  block_level = record.level == "block"
   arrays = 2 * r + 2 * draft_len + (4 * r if block_level else 0)
   return PROBABILITY_COPIES.get(platform, 1) * arrays * num_drafts * vocab_size * 4
 
@@ -282,10 +287,13 @@ def plan(
   if spec is not None:
     if any(v is not None for v in cell):
       raise ValueError("give a spec or method, num_drafts, draft_len and max_new_tokens, not both")
-    method, num_drafts, draft_len = spec.method, spec.num_drafts, spec.draft_len
-    max_new_tokens, label = spec.max_new_tokens, spec.label()
+    label = spec.label()
   elif any(v is None for v in cell):
     raise ValueError("give a spec, or method, num_drafts, draft_len and max_new_tokens")
+  else:
+    spec = DecodeSpec(method, num_drafts, draft_len, max_new_tokens=max_new_tokens)
+  method, num_drafts, draft_len = spec.method, spec.num_drafts, spec.draft_len
+  max_new_tokens = spec.max_new_tokens
   if platform is None:
     concrete = isinstance(mesh, jax.sharding.Mesh)
     platform = mesh.devices.flat[0].platform if concrete else jax.default_backend()
@@ -317,8 +325,8 @@ def plan(
     cache=cache,
     probabilities=rows
     * (
-      probability_bytes(method, num_drafts, draft_len, target.num_logits, platform)
-      + methods.get(method).workspace_bytes
+      probability_bytes(spec.verifier, num_drafts, draft_len, target.num_logits, platform)
+      + spec.verifier.workspace_bytes
     ),
     activations=rows * activation_bytes(target, num_drafts, draft_len, prompt_width),
     label=label,

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats as sstats
 
-from spectr_jax import engine, methods
+from spectr_jax import engine
 from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 from spectr_jax.testing.harness import Report, Row, detectable_tv
@@ -188,7 +188,7 @@ def check_engine(
     round and the total variation between the binned laws each row detects
     (`harness.detectable_tv`).
   """
-  record = methods.get(method)
+  record = DecodeSpec(method, 1, draft_len).verifier
   if not record.speculative:
     raise ValueError(f"method {method!r} verifies no drafts: nothing to check")
   if rows < num_bins * 5 * len(prompts):
