@@ -314,11 +314,15 @@ class Depths(NamedTuple):
   levels: per depth, (tails per node, tails per child) of a static tree; (1, 1) where the
     scheme has none. Python ints at depth 0, traced after. Tails of one node share
     their prefix, so with `take_tails` one of them computes it.
+  proposal: p_...xV -> p_...xV, the law the draws are drawn from, given the draft's
+    (e.g. its top-k renormalised); None: the draft's own. The verifiers read it, so a
+    scheme that draws from a transform of the draft stays exact.
   """
 
   first: Callable
   draw: Callable
   levels: tuple[tuple[int, int], ...]
+  proposal: Callable | None = None
 
 
 def draft_paths(depths: Depths, extend, params, cache, pending_Bx2, num_pending_B, key_B,
@@ -345,13 +349,15 @@ def draft_paths(depths: Depths, extend, params, cache, pending_Bx2, num_pending_
   """
   b, k, n = pending_Bx2.shape[0], num_drafts, draft_len
   call = functools.partial(_extend_shared, extend, take_tails, params)
+  # The distributions the tails draw from, which the verifier reads (`Depths.proposal`).
+  law = probs if depths.proposal is None else lambda logits: depths.proposal(probs(logits))
   tokens_BxKx2 = jnp.broadcast_to(pending_Bx2[:, None, :], (b, k, 2))
   # The tails are empty when a round's drafting starts (the commit empties them).
   logits_BxKxV, cache, positions = call(
     k, tokens_BxKx2, cache, num_pending_B, num_pending_B - 1, tails_empty=True
   )
   bad_B = sampling.nonfinite_rows(logits_BxKxV)
-  p_BxKxV = probs(logits_BxKxV)
+  p_BxKxV = law(logits_BxKxV)
   key_LxBxK = draft_keys_LxBxK(key_B, n, k)
   source_BxK = jnp.broadcast_to(jnp.arange(k), (b, k))
   node_BxKx2 = jnp.broadcast_to(jnp.asarray([0, k], jnp.int32), (b, k, 2))
@@ -369,7 +375,7 @@ def draft_paths(depths: Depths, extend, params, cache, pending_Bx2, num_pending_
     x_BxKx1 = jax.lax.dynamic_slice_in_dim(drafts_BxKxL, t - 1, 1, axis=2)
     logits_BxKx1xV, cache, _ = call(size, x_BxKx1, cache)
     bad_B |= sampling.nonfinite_rows(logits_BxKx1xV)
-    p_BxKx1xV = probs(logits_BxKx1xV)
+    p_BxKx1xV = law(logits_BxKx1xV)
     key_BxK = jnp.take_along_axis(key_LxBxK[t], source_BxK, 1)
     nxt_BxK, source_BxK, node_BxKx2 = depths.draw(
       key_BxK, p_BxKx1xV[:, :, 0], source_BxK, tuple(level), node_BxKx2

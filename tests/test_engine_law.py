@@ -145,3 +145,43 @@ def test_a_new_drafting_scheme_keeps_the_output_law(models):
   stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, "kseq toy_iid")
   assert residual_share(out, 2) >= 0.2
   assert float(np.mean(np.asarray(out.stats.rounds_B))) > 1.5  # several rounds: rollback
+
+
+TOY_TOP = [
+  ("rrs", {}),
+  ("rrs", dict(adaptive=0.7)),
+  ("rrs", dict(dedup=True, node_budget=2.0)),
+  ("traversal", {}),
+  ("traversal", dict(dedup=True, node_budget=2.0)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, settings", TOY_TOP)
+def test_a_scheme_of_a_new_law_keeps_the_output_law(models, method, settings):
+  """A scheme of a law the registry lacks, added in one module (tests/toy_topk.py: trees
+  without replacement from the draft's top 2 tokens), through every verifier exact for it,
+  on tails, with adaptive draft length (whose cut bites at 0.7) and on dedup rounds with a
+  node budget (that bites at 2 nodes per row): the target's law."""
+  from tests import toy_topk
+
+  draft, target = models
+  out = generate(draft, target, method, 3, 2, 4, key=11, drafting=toy_topk.SCHEME.name, **settings)
+  law = exact_law(target, 4)
+  what = f"{method} {toy_topk.SCHEME.name} {settings}"
+  stats.assert_law(np.bincount(codes(out.tokens_BxT), minlength=law.size), law, what)
+  assert residual_share(out, 2) >= 0.2
+  assert float(np.mean(np.asarray(out.stats.rounds_B))) > 1.5
+
+
+@pytest.mark.slow
+def test_a_scheme_verified_against_the_wrong_law_is_rejected(models):
+  """The same top-2 drafts handed to rrs with the draft's whole law (what verifying
+  truncated drafts as if sampled from the draft does): rejected, with power."""
+  from tests import toy_topk
+
+  draft, target = models
+  out = generate(draft, target, "rrs", 3, 2, 4, key=11, drafting=toy_topk.BROKEN.name)
+  law = exact_law(target, 4)
+  counts = np.bincount(codes(out.tokens_BxT), minlength=law.size)
+  stats.assert_rejects(counts, law, "rrs on top-2 drafts, whole law", min_power=0.99)

@@ -583,6 +583,30 @@ def test_a_new_drafting_scheme_is_swept_against_every_verifier_exact_for_it(pair
     DecodeSpec(method="specinfer", num_drafts=2, draft_len=2, drafting="wor")
 
 
+@pytest.mark.slow
+def test_a_scheme_of_a_new_law_is_swept_against_every_verifier_exact_for_it(pair, tmp_path):
+  """tests/toy_topk.py (trees without replacement from the draft's top 2 tokens, a law no
+  registered method names) declares rrs and Traversal exact for it: a sweep decodes both
+  on its trees, with dedup and a node budget, labelled with the scheme; a method it does
+  not declare is refused at config time."""
+  from tests import toy_topk
+
+  name = toy_topk.SCHEME.name
+  assert methods.exact_for(name) == ("rrs", "traversal")
+  config = sweep_config(
+    tmp_path, methods=("rrs", "traversal"), num_drafts=(2,), draft_lens=(2,), seeds=(0,)
+  ).replace(drafting=name, dedup=True, node_budget=2.0, num_prompts=2, max_new_tokens=4)
+  experiment.run_sweep(config, pair)
+  records = results.load_results(config.results_path)
+  ran = {r["cell"]["method"]: r["cell"] for r in records.values()}
+  assert set(ran) == {"rrs", "traversal"}
+  assert all(c["drafting"] == name and c["tree"] and c["node_budget"] == 2.0 for c in ran.values())
+  labels = {r["label"] for r in report.summarize(list(records.values()))}
+  assert any(name in label for label in labels), labels
+  with pytest.raises(ValueError, match=rf"method 'kseq' is not exact for drafting scheme '{name}'"):
+    sweep_config(tmp_path).replace(methods=("kseq",), drafting=name)
+
+
 def test_cells_keep_the_keys_they_had_before_the_drafting_axis():
   """Cells at each method's default scheme keep the keys of results stores written before
   the drafting axis (values computed by the code before it), so stored cells are
