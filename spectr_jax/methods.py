@@ -481,6 +481,9 @@ def _walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, *, verifier, rho_mode):
   return verify.walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, verifier, rho_mode)
 
 
+verify.install_registry(get, verify_drafts)  # for verify's deprecated forms naming a method
+
+
 def table() -> str:
   """The registered methods and drafting schemes as markdown tables."""
   rows = [

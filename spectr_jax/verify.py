@@ -303,7 +303,7 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, verifier=None, rho_mode:
       "verify.walk with a method's name is deprecated: pass its record, methods.get(name)",
       DeprecationWarning, stacklevel=2,
     )  # fmt: skip
-    verifier = _registry().get(method or verifier)
+    verifier = _REGISTRY["get"](method or verifier)
   if verifier.level == "none":
     return _sample_target(key, q_KxL1xV)
   if verifier.level == "block":
@@ -339,12 +339,14 @@ def _sample_target(key, q_KxL1xV):
   return token[None], jnp.int32(1), stats
 
 
-def _registry():
-  """The method registry, imported where a deprecated call names a method (the registry
-  imports this module)."""
-  import importlib
+# The registry's calls that the deprecated forms naming a method need. `spectr_jax.methods`
+# installs them when it is imported: it imports this module, never the other way round.
+_REGISTRY: dict[str, Callable] = {}
 
-  return importlib.import_module("spectr_jax.methods")
+
+def install_registry(get: Callable, verify_drafts: Callable) -> None:
+  """Called by `spectr_jax.methods` on import: `get(name)` -> record, and `verify_drafts`."""
+  _REGISTRY.update(get=get, verify_drafts=verify_drafts)
 
 
 def _per_draft(length, drafts_KxL) -> jax.Array:
@@ -468,7 +470,7 @@ def check_method(method: str, num_drafts: int) -> None:
     "verify.check_method is deprecated: use methods.get(method).check_drafts(K)",
     DeprecationWarning, stacklevel=2,
   )  # fmt: skip
-  record = _registry().get(method)
+  record = _REGISTRY["get"](method)
   if not record.speculative:
     raise ValueError(f"method {method!r} verifies no drafts")
   record.check_drafts(num_drafts)
@@ -480,7 +482,7 @@ def verify_block(key, drafts_KxL, p_KxLxV, q_KxL1xV, **kwargs):
     "verify.verify_block is deprecated: use spectr_jax.methods.verify_drafts",
     DeprecationWarning, stacklevel=2,
   )  # fmt: skip
-  return _registry().verify_drafts(key, drafts_KxL, p_KxLxV, q_KxL1xV, **kwargs)
+  return _REGISTRY["verify_drafts"](key, drafts_KxL, p_KxLxV, q_KxL1xV, **kwargs)
 
 
 _RENAMED = {
