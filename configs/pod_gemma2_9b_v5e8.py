@@ -7,7 +7,7 @@ models/gemma-2-9b; ARG items draft_dir=DIR,target_dir=DIR move them) in bfloat16
 ("model" = 8, by the rules of spectr_jax.sharding: 9B / 8 = 2.3 GB of weights per chip;
 the draft's 4 key/value heads stay whole on each chip, by rule). Every chip decodes every
 row, so the batch is what the 256k-vocabulary probability arrays leave room for
-(docs/EXPERIMENTS.md: the memory plan).
+(docs/SHARDING.md: the memory plan).
 
   scripts/launch_tpu_pod.sh --tpu=my-v5e-8 --zone=ZONE --mesh-model=8 -- \\
     .venv/bin/python -m experiments.sweep --config configs/pod_gemma2_9b_v5e8.py
