@@ -113,7 +113,7 @@ _FLAGS = [
   ),  # fmt: skip
   flags.DEFINE_string(
     "block_efficiency",
-    "kseq:4:4=3.26,kseq:8:8=3.54",
+    "kseq:4:4=3.25,kseq:8:8=4.02",
     "config=efficiency,... of the "
     "projected speedup (the trained embedded pair's: docs/RESULTS.md).",
     flag_values=FLAGS,
