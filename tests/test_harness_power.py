@@ -44,7 +44,7 @@ def test_the_detectable_tv_is_what_the_wald_test_detects():
     alt = np.where(up, target * (1 + shift / up_mass), target * (1 - shift / (1 - up_mass)))
     counts = rng.multinomial(draws, alt, size=400)
     weights, per_tuple = np.ones(1), np.full(1, draws)
-    pvalues = [harness._wald(c[None], weights, target, per_tuple).pvalue for c in counts]
+    pvalues = [harness.wald(c[None], weights, target, per_tuple).pvalue for c in counts]
     return np.mean(np.array(pvalues) < level)
 
   assert 0.0 < tv < 0.05

@@ -22,6 +22,7 @@ ORDER = (
   "sharding",
   "metrics",
   "timing",
+  "hlo",
   "programs",
   "targets",
   "loops",

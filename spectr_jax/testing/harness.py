@@ -41,6 +41,9 @@ False alarms: every statistical test of a report (a law row holds two: the law a
 bound) rejects at alpha / (number of tests), so a correct verifier fails a report with
 probability at most alpha (Bonferroni; default 1e-3). Keys are fixed by `seed`, so a run
 is deterministic.
+
+The tests' statistics live in `testing.power`, the `Report` in `testing.evidence` (both
+imported here).
 """
 
 import contextlib
@@ -54,11 +57,20 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import optimize
 from scipy import stats as sstats
 
 from spectr_jax import block_bound, sampling, verify
 from spectr_jax.testing import sequences, wor_reference
+from spectr_jax.testing.evidence import Report, Row
+from spectr_jax.testing.power import (
+  DETECT_TV,
+  INFORMATIVE,
+  LARGE_VOCAB_TV,
+  POWER,
+  detectable_tv,
+  draws_for,
+  wald,
+)
 
 __all__ = [
   "CASES",
@@ -72,17 +84,8 @@ __all__ = [
 
 LAWS = ("iid", "wor")
 BELOW_ONE = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
-# Outcomes of expected count below this (at the effective sample size) are pooled.
-_MIN_EXPECTED = 5.0
 # Enumeration limit: draft tuples per case.
 _MAX_TUPLES = 4096
-# The default mode's power: any law at total variation DETECT_TV or more from the target
-# fails an informative case's law test with probability at least POWER, at the report's
-# per-test level (`detectable_tv`); the large-vocabulary rows detect LARGE_VOCAB_TV
-# between the binned laws.
-DETECT_TV = 0.01
-LARGE_VOCAB_TV = 0.05
-POWER = 0.99
 # Draws of a law case go to its draft tuples in proportion to their probability (the
 # variance of the mixture estimate is then that of as many plain draws), at least this many
 # each, so every tuple's law is estimated.
@@ -123,9 +126,6 @@ CASES = (
 )
 QUICK = 6
 TREE_KINDS = ("dense", "sparse", "one-hot", "ties", "p0", "q0")
-# The tree kinds where a wrong rule changes the law: the default mode sizes their cases to
-# detect DETECT_TV.
-INFORMATIVE = ("dense", "sparse", "p0", "q0")
 
 
 def make_tree(rng, case: Case):
@@ -141,167 +141,6 @@ def make_tree(rng, case: Case):
       table[node][rng.integers(case.vocab)] = 0.0
       table[node] /= table[node].sum()
   return p, q
-
-
-@dataclasses.dataclass
-class Row:
-  """One case of a report. `statistic`: the law's Wald statistic / df (law rows), the
-  Pearson statistic / df (chi2 rows) or violations / runs (boundary rows); `pvalue`: the
-  smallest p-value of the row's tests (None for deterministic checks); `tokens`: the
-  mixture mean of tokens per round (± its standard error); `bound`: the law's LP bound;
-  `law_error`: the total variation between the estimated and the target law (law rows;
-  its sampling error is part of it)."""
-
-  case: str
-  law: str
-  num_drafts: int
-  draft_len: int
-  vocab: int
-  kind: str
-  statistic: str
-  pvalue: float | None = None
-  tokens: float | None = None
-  tokens_se: float | None = None
-  bound: float | None = None
-  law_error: float | None = None
-  passed: bool = True
-  why: str = ""
-  # The smallest total variation from the target (law rows; between the binned laws for
-  # chi2-32k rows) that the row's test rejects with probability POWER at the report's
-  # level (`detectable_tv`); None for deterministic rows.
-  detects: float | None = None
-  # What `detects` was computed from: the effective draws, degrees of freedom and the
-  # target mass of the pooled outcomes (a deviation inside them is not seen).
-  effective_draws: float | None = None
-  df: int | None = None
-  pooled_mass: float = 0.0
-
-
-COLUMNS = (
-  "case",
-  "law",
-  "K",
-  "L",
-  "V",
-  "check",
-  "statistic",
-  "TV",
-  "detects TV >=",
-  "p-value",
-  "tokens/round",
-  "LP bound",
-  "result",
-)
-
-
-def _cells(row: Row) -> dict:
-  tokens = "" if row.tokens is None else f"{row.tokens:.4f} ± {row.tokens_se:.4f}"
-  return {
-    "case": row.case,
-    "law": row.law,
-    "K": row.num_drafts,
-    "L": row.draft_len,
-    "V": row.vocab,
-    "check": row.kind,
-    "statistic": row.statistic,
-    "TV": "" if row.law_error is None else f"{row.law_error:.2g}",
-    "detects TV >=": "" if row.detects is None else f"{row.detects:.3g}",
-    "p-value": "" if row.pvalue is None else f"{row.pvalue:.3g}",
-    "tokens/round": tokens,
-    "LP bound": "" if row.bound is None else f"{row.bound:.4f}",
-    "result": "pass" if row.passed else f"FAIL: {row.why}",
-  }
-
-
-@dataclasses.dataclass
-class Report:
-  """The evidence of one `check_verifier` call.
-
-  rows: one `Row` per case. alpha: the report's false-alarm budget; every one of its
-  `num_tests` statistical tests rejects at `level` = alpha / num_tests (Bonferroni).
-  """
-
-  name: str
-  laws: tuple[str, ...]
-  alpha: float
-  rows: list[Row]
-  num_tests: int
-  # "default", or "quick" (a smoke test: too few draws to be evidence of exactness).
-  mode: str = "default"
-
-  @property
-  def level(self) -> float:
-    return self.alpha / max(self.num_tests, 1)
-
-  def power(self) -> dict[tuple[str, str], float]:
-    """{(check, tree kind): the largest `Row.detects` of its rows}: any law at that total
-    variation from the target or more fails the check with probability `POWER` (each kind
-    at its worst case); a kind's "law" entry, a chi2-32k row's binned laws."""
-    table: dict[tuple[str, str], float] = {}
-    for row in self.rows:
-      if row.detects is not None:
-        key = (row.kind, row.case.split()[0] if row.kind == "law" else f"position {row.draft_len}")
-        table[key] = max(table.get(key, 0.0), row.detects)
-    return table
-
-  def power_markdown(self) -> str:
-    """`power` as a markdown table (check, tree kind or position, detectable TV)."""
-    cells = [
-      {"check": check, "tree kind": kind, "detects TV >=": f"{tv:.3g}"}
-      for (check, kind), tv in sorted(self.power().items())
-    ]
-    return _markdown(cells, ("check", "tree kind", "detects TV >="))
-
-  @property
-  def passed(self) -> bool:
-    return all(row.passed for row in self.rows)
-
-  @property
-  def failures(self) -> list[Row]:
-    return [row for row in self.rows if not row.passed]
-
-  def markdown(self) -> str:
-    """The rows as a markdown table, under a line naming the verifier and the budget."""
-    informative = [
-      r.detects
-      for r in self.rows
-      if r.kind == "law" and r.case.split()[0] in INFORMATIVE
-      if r.detects is not None
-    ]
-    power = (
-      f"; its law cases detect any law at TV >= {max(informative):.3g} from the target "
-      f"with probability {POWER:g}"
-      if informative
-      else ""
-    )
-    quick = (
-      "QUICK MODE: a smoke test, too few draws to be evidence of exactness. "
-      if self.mode == "quick"
-      else ""
-    )
-    head = (
-      f"{quick}**{self.name}** for laws {', '.join(self.laws)}: "
-      f"{'PASS' if self.passed else f'FAIL ({len(self.failures)} of {len(self.rows)} cases)'}; "
-      f"{self.num_tests} tests, each at alpha / {self.num_tests} = {self.level:.2g} "
-      f"(Bonferroni, alpha = {self.alpha:g}){power}"
-    )
-    cells = [_cells(row) for row in self.rows]
-    return head + "\n\n" + _markdown(cells, COLUMNS)
-
-  def __str__(self) -> str:
-    return self.markdown()
-
-
-def _markdown(rows: Sequence[dict], columns: Sequence[str]) -> str:
-  """The rows (text cells) as a markdown table: the project's writer
-  (`spectr_jax.tables.markdown`) where it exists, else the same layout here."""
-  try:
-    from spectr_jax import tables
-  except ImportError:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
-    return "\n".join(lines)
-  return tables.markdown(rows, [(c, c, "{}") for c in columns])
 
 
 # ----------------------------------------------------------------------------- walking
@@ -412,93 +251,9 @@ def _sample_tuples(sample, key, drafts, p, q, q_tab, per_tuple):
   return np.concatenate(codes), np.concatenate(nums), index
 
 
-def noncentrality(df: int, level: float, power: float = POWER) -> float:
-  """The noncentrality a chi-square test of `df` degrees of freedom at `level` needs to
-  reject with probability `power` (its statistic noncentral chi-square under an
-  alternative)."""
-  critical = sstats.chi2.isf(level, df)
-  return float(optimize.brentq(lambda lam: sstats.ncx2.sf(critical, df, lam) - power, 0.0, 1e7))
-
-
-def detectable_tv(
-  effective_draws: float, df: int, level: float, power: float = POWER, pooled_mass: float = 0.0
-) -> float:
-  """The smallest total variation from the target law that the law test rejects with
-  probability `power` at `level`, whatever the direction of the deviation.
-
-  The Wald statistic d' Cov^-1 d of the mixture estimate (d its deviation from the
-  target) is noncentral chi-square under an alternative, with noncentrality
-  delta' Cov^-1 delta for the alternative's deviation delta. Cov = sum_t w_t^2 C_t / M_t,
-  C_t a multinomial covariance, and s' C_t s <= 1 for any s of entries +-1 (the variance
-  of a +-1 variable), so with s = sign(delta), Cauchy-Schwarz gives delta' Cov^-1 delta
-  >= (s' delta)^2 / s' Cov s >= (2 TV)^2 n_eff, n_eff = 1 / sum_t (w_t^2 / M_t) (the
-  effective draws). A deviation inside the pooled outcomes (target mass `pooled_mass`)
-  is not seen: it is added. Against the Pearson statistic of B equal-mass bins (n draws)
-  the same bound holds with n_eff = n, the total variation that of the binned laws.
-  """
-  if df < 1 or effective_draws <= 0:
-    return 1.0
-  return math.sqrt(noncentrality(df, level, power) / (4.0 * effective_draws)) + pooled_mass
-
-
-def draws_for(tv: float, df: int, level: float, power: float = POWER) -> int:
-  """The effective draws that make `detectable_tv` (no pooling) equal to `tv`."""
-  return math.ceil(noncentrality(df, level, power) / (4.0 * tv * tv))
-
-
 def _allocation(weights_T, draws: int) -> np.ndarray:
   """Draws per tuple: in proportion to the tuple's probability, at least MIN_PER_TUPLE."""
   return np.maximum(np.ceil(draws * weights_T).astype(np.int64), MIN_PER_TUPLE)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Wald:
-  statistic: float
-  df: int
-  pvalue: float
-  why: str
-  effective_draws: float
-  pooled_mass: float
-
-
-def _wald(counts_TxO, weights_T, target_O, per_tuple_T) -> _Wald:
-  """The Wald test of the stratified mixture against the target law.
-
-  hat = sum_t w_t n_t / M_t estimates the mixture law (M_t draws of tuple t); its
-  covariance is the exact stratified one, sum_t w_t^2 (diag(P_t) - P_t P_t^T) / M_t, with
-  P_t estimated by n_t / M_t and, on the diagonal, by (n_t + 2) / (M_t + 2) (an upper
-  estimate: a cell a heavy stratum happened not to hit would otherwise get variance 0
-  there; the result is still a covariance, and conservative). Outcomes of expected count
-  below 5 at the effective draws n_eff = 1 / sum_t (w_t^2 / M_t) are pooled into one cell
-  (with the smallest other cell while that one is still below 5); the cells sum to 1, so
-  one is dropped: the Wald statistic d^T Cov^-1 d is chi-square with (cells - 1) degrees
-  of freedom.
-  """
-  m_T = per_tuple_T.astype(np.float64)
-  hat_O = (weights_T / m_T) @ counts_TxO
-  n_eff = 1.0 / float(np.sum(weights_T**2 / m_T))
-  if np.any(hat_O[target_O <= 0] > 0):
-    return _Wald(math.inf, 0, 0.0, "mass on an outcome of target probability 0", n_eff, 0.0)
-  expected_O = target_O * n_eff
-  order = [int(i) for i in np.argsort(expected_O) if target_O[i] > 0]
-  pool = [i for i in order if expected_O[i] < _MIN_EXPECTED]
-  kept = [i for i in order if expected_O[i] >= _MIN_EXPECTED]
-  while pool and kept and expected_O[pool].sum() < _MIN_EXPECTED:
-    pool.append(kept.pop(0))
-  pooled_mass = float(target_O[pool].sum()) if pool else 0.0
-  cols = [[i] for i in kept] + ([pool] if pool else [])
-  if len(cols) < 2:
-    return _Wald(0.0, 0, 1.0, "", n_eff, pooled_mass)
-  counts = np.stack([counts_TxO[:, c].sum(1) for c in cols], 1).astype(np.float64)
-  target = np.array([target_O[c].sum() for c in cols])
-  probs_TxC = counts / m_T[:, None]
-  upper_TxC = (counts + 2.0) / (m_T[:, None] + 2.0)
-  w2 = weights_T**2 / m_T
-  cov = np.diag(w2 @ upper_TxC) - np.einsum("t,tc,td->cd", w2, probs_TxC, probs_TxC)
-  d = (weights_T @ probs_TxC - target)[:-1]
-  statistic = float(d @ np.linalg.solve(cov[:-1, :-1], d))
-  df = len(cols) - 1
-  return _Wald(statistic, df, float(sstats.chi2.sf(statistic, df)), "", n_eff, pooled_mass)
 
 
 def _law_case(sample, case, law, seed, key, draws=None, per_tuple=None):
@@ -521,7 +276,7 @@ def _law_case(sample, case, law, seed, key, draws=None, per_tuple=None):
     tuple_N * outcomes + codes_N, minlength=weights_T.size * outcomes
   ).reshape(weights_T.size, outcomes)
   target_O = sequences.target_law(np.asarray(q_tab, np.float64), draft_len)
-  wald = _wald(counts_TxO, weights_T, target_O, m_T)
+  law_test = wald(counts_TxO, weights_T, target_O, m_T)
   law_error = 0.5 * float(np.abs((weights_T / m_T) @ counts_TxO - target_O).sum())
   num_N = num_N.astype(np.float64)
   sums_T = np.bincount(tuple_N, num_N, weights_T.size)
@@ -543,17 +298,17 @@ def _law_case(sample, case, law, seed, key, draws=None, per_tuple=None):
     draft_len,
     vocab,
     "law",
-    f"{wald.statistic:.1f} / {wald.df}",
-    min(wald.pvalue, p_bound),
+    f"{law_test.statistic:.1f} / {law_test.df}",
+    min(law_test.pvalue, p_bound),
     mean,
     se,
     bound,
     law_error,
-    effective_draws=wald.effective_draws,
-    df=wald.df,
-    pooled_mass=wald.pooled_mass,
+    effective_draws=law_test.effective_draws,
+    df=law_test.df,
+    pooled_mass=law_test.pooled_mass,
   )
-  return row, (wald.pvalue, p_bound, wald.why)
+  return row, (law_test.pvalue, p_bound, law_test.why)
 
 
 # ------------------------------------------------------------------- boundary uniforms
@@ -655,7 +410,7 @@ def _large_vocab_rows(block_fn, law, k, draft_len, vocab, samples, seed, key, le
   continuing alone), each block verified and completed by target draws. Under an exact
   verifier the completed token at position t is distributed as that depth's target law;
   per position, its Pearson chi-square in `num_bins` equal-mass bins of that law. Returns
-  the rows and their p-values."""
+  (row, {"binned law": p-value}) per position."""
   num_bins = 32
   pairs = [sequences.llm_like([seed, t], vocab) for t in range(draft_len + 1)]
   p_LxV = jnp.asarray(np.stack([p for p, _ in pairs[:draft_len]]), jnp.float32)
@@ -690,7 +445,7 @@ def _large_vocab_rows(block_fn, law, k, draft_len, vocab, samples, seed, key, le
     tokens.append(np.asarray(t))
     nums.append(np.asarray(n, np.float64))
   tokens_NxL1, nums = np.concatenate(tokens), np.concatenate(nums)
-  rows, pvalues = [], []
+  checked = []
   for t in range(draft_len + 1):
     q = pairs[t][1]
     where = "bonus" if t == draft_len else f"position {t}"
@@ -715,12 +470,81 @@ def _large_vocab_rows(block_fn, law, k, draft_len, vocab, samples, seed, key, le
       counts = np.bincount(bin_of_token[tokens_NxL1[:, t]], minlength=num_bins)
       statistic, pvalue = sstats.chisquare(counts, bin_probs * samples)
       row.statistic, row.pvalue = f"{statistic:.1f} / {num_bins - 1}", float(pvalue)
-    rows.append(row)
-    pvalues.append(row.pvalue)
-  return rows, pvalues
+    checked.append((row, {"binned law": row.pvalue}))
+  return checked
 
 
 # ------------------------------------------------------------------------ entry point
+
+
+def _check_arguments(laws: Sequence[str], samples: int | None):
+  """Raises on an unknown drafting law; warns that `samples` is deprecated."""
+  for law in laws:
+    if law not in LAWS:
+      raise ValueError(f"unknown drafting law {law!r}; expected one of {LAWS}")
+  if samples is not None:
+    warnings.warn(
+      "check_verifier(samples=...) (draws of every draft tuple) is deprecated: use "
+      "draws=... (draws of a case, allocated to its tuples by probability)",
+      DeprecationWarning,
+      stacklevel=3,
+    )
+
+
+def _resolve_cases(
+  cases: Sequence[Case] | None, quick: bool, max_drafts: int | None
+) -> Sequence[Case]:
+  """The law cases to run: `cases` (default `CASES`, its first `QUICK` with quick), at
+  most `max_drafts` drafts each (cases that then coincide run once)."""
+  if cases is None:
+    cases = CASES[:QUICK] if quick else CASES
+  if max_drafts is not None:
+    cases = list(
+      dict.fromkeys(dataclasses.replace(c, num_drafts=min(c.num_drafts, max_drafts)) for c in cases)
+    )
+  return cases
+
+
+def _sizing(case: Case, level: float, quick: bool, samples, draws) -> dict:
+  """The draws of a law case, as `_law_case`'s keyword: `samples` per tuple, `draws`,
+  the fixed draws of quick mode and of uninformative kinds, or those detecting
+  `DETECT_TV` at `level`."""
+  if samples is not None:
+    return dict(per_tuple=samples)
+  if draws is not None:
+    return dict(draws=draws)
+  if quick or case.kind not in INFORMATIVE:
+    return dict(draws=QUICK_DRAWS if quick else BOUNDARY_DRAWS)
+  outcomes = case.vocab ** (case.draft_len + 1)
+  return dict(draws=draws_for(0.9 * DETECT_TV, outcomes - 1, level))
+
+
+def _law_rows(block_fn, law, law_index, cases, seed, key, level, *, quick, samples, draws):
+  """(row, {test: p-value}) of each law case of one drafting law (case i under
+  fold_in(key, 1000 * law_index + i)), with what the row detects at `level`."""
+  checked = []
+  for ci, case in enumerate(cases):
+    sample = _sampler(block_fn, case.draft_len, case.vocab)
+    case_key = jax.random.fold_in(key, 1000 * law_index + ci)
+    sizing = _sizing(case, level, quick, samples, draws)
+    row, (p_law, p_bound, why) = _law_case(sample, case, law, seed, case_key, **sizing)
+    row.why = why
+    if row.df:
+      row.detects = detectable_tv(row.effective_draws, row.df, level, POWER, row.pooled_mass)
+    checked.append((row, {"law": p_law, "above the LP bound": p_bound}))
+  return checked
+
+
+def _judge(checked: list[tuple[Row, dict]], num_tests: int, level: float) -> list[Row]:
+  """The rows, each failed where one of its `num_tests` tests (counted first) is below
+  `level` (its why: the failed tests, unless set)."""
+  assert num_tests == sum(len(tests) for _, tests in checked)
+  for row, tests in checked:
+    failed = [what for what, pvalue in tests.items() if pvalue < level]
+    if failed:
+      row.passed = False
+      row.why = row.why or ", ".join(failed)
+  return [row for row, _ in checked]
 
 
 def check_verifier(
@@ -773,23 +597,9 @@ def check_verifier(
   Returns:
     A `Report`: `.passed`, `.failures`, `.power()`, `.markdown()`.
   """
-  for law in laws:
-    if law not in LAWS:
-      raise ValueError(f"unknown drafting law {law!r}; expected one of {LAWS}")
-  if samples is not None:
-    warnings.warn(
-      "check_verifier(samples=...) (draws of every draft tuple) is deprecated: use "
-      "draws=... (draws of a case, allocated to its tuples by probability)",
-      DeprecationWarning,
-      stacklevel=2,
-    )
+  _check_arguments(laws, samples)
   block_fn = _block_fn(fn, level)
-  if cases is None:
-    cases = CASES[:QUICK] if quick else CASES
-  if max_drafts is not None:
-    cases = list(
-      dict.fromkeys(dataclasses.replace(c, num_drafts=min(c.num_drafts, max_drafts)) for c in cases)
-    )
+  cases = _resolve_cases(cases, quick, max_drafts)
   key = jax.random.key(seed)
   # With one draft every law draws it from p: their cases coincide and run once, as the
   # first law's rows.
@@ -798,46 +608,22 @@ def check_verifier(
   # The report's tests, counted first: each test's level sizes the draws.
   num_tests = len(run_laws) * (2 * len(cases) + (large_len + 1 if large_vocab else 0))
   test_level = alpha / max(num_tests, 1)
-  rows, pvalues = [], []  # pvalues[i]: the tests of row i
+  checked = []  # (row, {test: p-value}) per row
   for li, law in enumerate(run_laws):
-    for ci, case in enumerate(cases):
-      sample = _sampler(block_fn, case.draft_len, case.vocab)
-      case_key = jax.random.fold_in(key, 1000 * li + ci)
-      if samples is not None:
-        sizing = dict(per_tuple=samples)
-      elif draws is not None:
-        sizing = dict(draws=draws)
-      elif quick or case.kind not in INFORMATIVE:
-        sizing = dict(draws=QUICK_DRAWS if quick else BOUNDARY_DRAWS)
-      else:
-        outcomes = case.vocab ** (case.draft_len + 1)
-        sizing = dict(draws=draws_for(0.9 * DETECT_TV, outcomes - 1, test_level))
-      row, (p_law, p_bound, why) = _law_case(sample, case, law, seed, case_key, **sizing)
-      row.why = why
-      if row.df:
-        row.detects = detectable_tv(row.effective_draws, row.df, test_level, POWER, row.pooled_mass)
-      rows.append(row)
-      pvalues.append({"law": p_law, "above the LP bound": p_bound})
+    checked += _law_rows(
+      block_fn, law, li, cases, seed, key, test_level, quick=quick, samples=samples, draws=draws
+    )
     if boundary:
       drafts = sorted({min(k, max_drafts or k) for k in (1, 2, 3)})
-      for row in _boundary_rows(block_fn, law, drafts):
-        rows.append(row)
-        pvalues.append({})
+      checked += [(row, {}) for row in _boundary_rows(block_fn, law, drafts)]
     if large_vocab:
       n = large_samples or (
         QUICK_LARGE_SAMPLES if quick else draws_for(LARGE_VOCAB_TV, 31, test_level)
       )
-      large_rows, large_pvalues = _large_vocab_rows(
+      checked += _large_vocab_rows(
         block_fn, law, large_k, large_len, large_vocab, n, seed,
         jax.random.fold_in(key, 10_000 + li), test_level,
       )  # fmt: skip
-      rows += large_rows
-      pvalues += [{"binned law": pvalue} for pvalue in large_pvalues]
-  assert num_tests == sum(len(p) for p in pvalues)
-  for row, tests in zip(rows, pvalues, strict=True):
-    failed = [what for what, pvalue in tests.items() if pvalue < test_level]
-    if failed:
-      row.passed = False
-      row.why = row.why or ", ".join(failed)
+  rows = _judge(checked, num_tests, test_level)
   name = name or getattr(fn, "__name__", "verifier")
   return Report(name, tuple(laws), alpha, rows, num_tests, "quick" if quick else "default")
