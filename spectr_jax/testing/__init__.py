@@ -11,6 +11,8 @@
   publication), in JAX and as exact float64 chain laws: rules found NOT exact, kept
   here (not in the method registry) so that tests and scripts/block_table.py show where
   they fail.
+- `harness` (the exactness checks of a verify function), with `power` (the Wald test and
+  the total variation a check detects) and `evidence` (its rows and report).
 - `hf_checkpoints`: tiny Hugging Face checkpoints (config.json, safetensors,
   tokenizer.json) of each family, written in the hub's format, for the loaders' tests
   and load benchmarks.

@@ -32,7 +32,8 @@ from scipy import stats as sstats
 from spectr_jax import engine
 from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
-from spectr_jax.testing.harness import Report, Row, detectable_tv
+from spectr_jax.testing.evidence import Report, Row
+from spectr_jax.testing.power import detectable_tv
 
 __all__ = ["PROMPTS", "check_engine", "chi_square", "random_pair", "uniforms"]
 
