@@ -157,7 +157,7 @@ def main(argv=None) -> list[dict]:
   args = parser.parse_args(argv)
   check(args.quick)
   methods.register(CHAIN)  # step 3: from here on "chain" is a method like any other
-  if args.quick:  # tests/test_engine_check.py runs the same call on K-SEQ
+  if args.quick:  # tests/workbench/test_engine_check.py runs the same call on K-SEQ
     print("(--quick: the check through the engine, step 3b, is left out)\n")
   else:
     check_through_the_engine()

@@ -39,7 +39,7 @@ from absl import app, flags
 from spectr_jax import block_bound, drafting, methods, optimal, tables
 from spectr_jax.testing import hsd, reference, sequences, wor_reference
 
-# The script's own flags when run; private ones when imported (tests/test_block.py).
+# The script's own flags when run; private ones when imported (tests/verify/test_block.py).
 FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
 _CASES = flags.DEFINE_integer("cases", 150, "Number of random trees.", flag_values=FLAGS)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the random trees.", flag_values=FLAGS)

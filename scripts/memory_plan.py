@@ -32,7 +32,7 @@ from configs import pretrained  # noqa: E402
 from spectr_jax import cli, decode_spec, experiment, memory, sharding, sweep_config  # noqa: E402  # noqa: E402
 from spectr_jax.models import param_axes  # noqa: E402
 
-# The script's own flags when run; private ones when imported (tests/test_memory.py).
+# The script's own flags when run; private ones when imported (tests/accelerators/test_memory.py).
 FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.", flag_values=FLAGS)
 _DEVICES = flags.DEFINE_integer(

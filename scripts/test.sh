@@ -7,7 +7,7 @@
 # programs, e.g. the large-sample engine laws), which get XLA's default CPU build
 # (tests/conftest.py). Extra arguments go to pytest (e.g. `scripts/test.sh --runslow`
 # for the slow statistical and end-to-end tests); for one file in this process:
-# `.venv/bin/python -m pytest -n 0 tests/test_verify.py`.
+# `.venv/bin/python -m pytest -n 0 tests/verify/test_verify.py`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

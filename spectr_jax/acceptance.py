@@ -506,7 +506,7 @@ def rrs_acceptance_X(p_XxV, q_XxV, k: int, num_histories: int = 8) -> RRSAccepta
 # 211 steps of 0.5 (to t = 4.6e39): every complement mass r >= 1e-38 (float32's smallest
 # normal) has r t >= 40 at the last node, so the integrand vanishes at both ends and the
 # rule converges geometrically: within 7e-8 of the exact enumeration in float64 (3e-11
-# at step 0.35), below float32's 1e-6 at V = 4096 (tests/test_wor.py).
+# at step 0.35), below float32's 1e-6 at V = 4096 (tests/verify/test_wor.py).
 _RACE_LOG_T0 = math.log(1e-6)
 _RACE_STEP = 0.5
 _RACE_NODES = 212
@@ -589,7 +589,7 @@ def wor_bound(p_V, q_V, k: int):
   prefixes G of the tokens sorted by q/p ascending only.
 
   That the minimiser is such a prefix is NOT proven: it held on every small case checked
-  against the minimum over all 2^V sets (tests/test_wor.py: k = 1..5, V <= 5, 200 random
+  against the minimum over all 2^V sets (tests/verify/test_wor.py: k = 1..5, V <= 5, 200 random
   cases each and the edge cases, sparse ones included). Where it failed, this would be
   the minimum over the prefix cuts, an upper bound of the optimum. P(S subset G) is in
   closed form for k <= 2, a numerical integral otherwise (`_wor_bound`), within 1e-6 in

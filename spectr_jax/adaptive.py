@@ -19,7 +19,7 @@ the verifier at j sees the law it is exact for, whether j was reached or the wal
 stopped before it (and then the bonus comes from q). A rule that looks at position j's
 own token to decide whether j is verified (its draft probability, its target
 probability) changes the law of the tokens the verifier sees: such rules are not exact,
-and the tests show the harness rejecting them (tests/test_adaptive.py).
+and the tests show the harness rejecting them (tests/decoding/test_adaptive.py).
 
 The engine runs it with `DecodeSpec(adaptive=threshold)`: the draft loop stops when no
 row of the batch verifies the next position (`drafting`, a `lax.while_loop`), the target

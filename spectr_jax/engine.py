@@ -111,7 +111,7 @@ def compiler_options(mesh: jax.sharding.Mesh | None = None) -> dict[str, bool | 
   CPU: copy insertion without region analysis copies a cache prefix twice per round (the
   target's layer reads and the commit's in-place write share one while-loop buffer);
   with it the commit updates the prefix in place (checked by
-  tests/test_engine.py::test_round_has_no_full_cache_copy).
+  tests/decoding/test_engine.py::test_round_has_no_full_cache_copy).
 
   GPU:
   - `xla_gpu_copy_insertion_use_region_analysis`: the same analysis on GPU (off there by

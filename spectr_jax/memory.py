@@ -10,7 +10,7 @@ what one device holds while `engine.generate` decodes B rows with K drafts of L 
                  tails of R = L + 1 entries) for the padded batch, batch over "data" and
                  key/value heads over "model" by the same rules;
   probabilities  the round's float32 K (L + 1) x V arrays per row (docs/PERFORMANCE.md,
-                 checked against the compiled program by tests/test_engine_memory.py);
+                 checked against the compiled program by tests/decoding/test_engine_memory.py);
                  the engine gathers logits over "model", so each device holds its rows'
                  full arrays;
   activations    an estimate: one layer's K (L + 1) x (D + F) float32 activations and
@@ -206,7 +206,7 @@ def cache_bytes(
 
 
 # How many times the arrays of `probability_bytes` a program holds at its peak, by
-# platform: the CPU's buffer assignment reuses them (tests/test_engine_memory.py); a TPU
+# platform: the CPU's buffer assignment reuses them (tests/decoding/test_engine_memory.py); a TPU
 # program holds about twice as many at its peak (the round's q, p and the sampler's
 # tables at once: compiled Llama-3 70B / 8B and Gemma-2 27B / 2B rounds on v5p and v5e
 # slices, docs/ACCELERATORS.md).

@@ -74,7 +74,7 @@ def maybe_initialize_distributed(
   The timeouts are shorter than JAX's defaults (100 s and 300 s): when one process dies
   (killed, out of memory, a crashed host), the others fail at their next collective and
   then wait at JAX's exit barrier until the dead one misses its heartbeats, so they exit
-  within about `heartbeat_timeout_s` instead of hanging (tests/test_multiprocess.py
+  within about `heartbeat_timeout_s` instead of hanging (tests/accelerators/test_multiprocess.py
   measures it; docs/RELIABILITY.md).
 
   Args:

@@ -26,7 +26,7 @@ next child's subtree, or u itself when it has no child left. Under a tree budget
 holding no token adds no node. On a chain (K = 1) this is
 block verification ("block", `spectr_jax.block`) with the same draws; at L = 1 it is
 recursive rejection without replacement ("rrs"). The output is the target's sequence
-law (tests/test_traversal.py checks it by exact enumeration over every tree the
+law (tests/verify/test_traversal.py checks it by exact enumeration over every tree the
 schemes draw, and by sampling this function).
 
 The paper's algorithm section was not readable through this project's search tool; the

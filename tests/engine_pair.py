@@ -1,6 +1,6 @@
 """The engine tests' pair and helpers: random-weight models over V = 4 tokens, the exact
 law of the target's continuations of one prompt by enumeration, and a batched decode of
-that prompt (tests/test_engine.py, tests/test_engine_law.py)."""
+that prompt (tests/decoding/test_engine.py, tests/decoding/test_engine_law.py)."""
 
 import itertools
 

@@ -36,7 +36,7 @@ from spectr_jax import engine, experiment, sharding, train
 from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, get_model_config, init_params
 from spectr_jax.train_config import TrainConfig
-from tests.test_experiment import random_pair, sweep_config
+from tests.experiments.test_experiment import random_pair, sweep_config
 from tests.training import small_config
 
 V = 16

@@ -1,7 +1,7 @@
 """Float64 numpy reference of the OT-optimal multi-draft verifier (docs/OPTIMAL_VERIFIER.md).
 
 A test oracle: sequential and straightforward, it states the construction that
-`spectr_jax/optimal/` vectorises, and tests/test_optimal.py checks the JAX verifier
+`spectr_jax/optimal/` vectorises, and tests/verify/test_optimal.py checks the JAX verifier
 against it (nothing in spectr_jax imports it). Its prefix sums are numpy's sequential
 float64 sums, monotone for nonnegative masses. Notation (slots, P, u, Q, h, levels,
 groups) as in `spectr_jax.optimal`. Fast enough for V = 256k with a few hundred cuts: the hull is

@@ -1,7 +1,7 @@
 """A decoder family in one module, as docs/MODELS.md ("Adding a family") describes: a block
 with a parameter no other family has, a `Family` record, nothing else.
 
-tests/test_models.py registers it and decodes it with the engine, shards it by the logical
+tests/models/test_models.py registers it and decodes it with the engine, shards it by the logical
 axes its parameters were created with, and counts its parameters.
 """
 

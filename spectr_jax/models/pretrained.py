@@ -75,7 +75,7 @@ def _ignored_keys(family: Family, model_type: str) -> frozenset[str]:
 # Per model_type, every config.json key known not to change the model beyond the ones the
 # loader reads (each family's `hf_ignored` and those of every family). Any other unread key
 # is logged as a warning naming it (docs/MODELS.md lists these keys, generated from this
-# constant and checked by tests/test_pretrained.py).
+# constant and checked by tests/models/test_pretrained.py).
 IGNORED_KEYS: dict[str, frozenset[str]] = {
   t: _ignored_keys(family, t) for family in registered_families() for t in family.model_types
 }

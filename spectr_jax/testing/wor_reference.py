@@ -191,7 +191,7 @@ def proportional_tree_law(p_tab, num_drafts, drop=False) -> dict[tuple[int, ...]
   replacement from p_tab[t, its prefix code]; child j gets max(1, round(m p(x_j))) of
   the paths left (draws stop when none are left), paths left when the support runs out
   go to child 0, and child j's paths are the j-th block of its node's paths. With
-  `drop` (the broken rule of tests/test_wor.py), a draw gets round(m p(x_j)) paths and
+  `drop` (the broken rule of tests/verify/test_wor.py), a draw gets round(m p(x_j)) paths and
   one that gets 0 is not a child.
 
   Returns:
