@@ -20,14 +20,8 @@ axes, e.g. p_BxKxLxV):
   Z   seeds of a sweep                I   bootstrap resamples
   A   any length or leading shape (generic helpers)   C   columns stacked side by side
 
-Layers (imports go down only; tests/test_layers.py checks them):
-  entry points (experiments/, scripts/)
-  -> runner: experiment (sweeps), analysis (rho ablation), evaluate, pairs, train
-     beside it: config (the config boundary), runs and results (storage), report
-  -> engine (and its round pieces, rounds)
-  -> verify, models, data (and memory: the device-memory arithmetic of a decode)
-  -> block (block-level verifiers), block_bound (their exact values and the LP bound)
-  -> acceptance, optimal, sampling (and checks, sharding, metrics, timing, programs)
+Layers: a module imports only the modules listed before it in `ORDER` (bottom up) of
+tests/test_layers.py, which checks it. Entry points (experiments/, scripts/) sit on top.
 
 The names below are importable from the package itself (`spectr_jax.generate`); they
 are loaded on first use, so importing one light module (e.g. `spectr_jax.report`) does

@@ -1,46 +1,19 @@
-"""Adaptive speculation: each round's draft length chosen from the draft's own law, exactly.
+"""Adaptive speculation: each round's verified length chosen from the draft's own law, exactly.
 
-A round drafts L positions (static shapes) and verifies a prefix of them, l of L per
-block, chosen position by position from what was drafted before: position j
-(1 <= j < L) is verified iff the likeliest draft prefix before it,
+Derivation and measurements: docs/ADAPTIVE.md. Two rules, both read before the target runs:
+- `confident_length`: a round drafts L positions and verifies the first l. Position j >= 1
+  is verified while the likeliest draft prefix before it has probability >= threshold
+  (`DecodeSpec(adaptive=threshold)`; SpecDec++ / DISCO, arXiv 2405.19715, 2405.04304).
+- `budget_nodes`: the live rows share floor(node_budget x live rows) nodes of the default
+  "wor" tree, kept where the walk is likeliest to reach (`DecodeSpec(node_budget=n)`).
+`length_buckets` gives the lengths the target's call is compiled for.
 
-  max_k prod_{t < j} p_k,t(x_k,t),
+Exact because each decision reads only draws made before the position or node it decides,
+or independent of it: a stopping time of the drafting. A rule that reads a node's own token is not
+exact; tests/decoding/test_adaptive.py shows the harness rejecting such rules.
 
-is at least `threshold` (position 0 always is); the walk then draws its bonus token
-after position l - 1 from the target (`verify.walk_positions(length=l)`). A confident
-draft is verified further, a doubtful one is cut where its prefix became unlikely, the
-SpecDec++ / DISCO idea (arXiv 2405.19715, 2405.04304) with the draft's own
-probabilities as the predictor.
-
-Why it stays exact for every token-level walk: the decision to verify position j is a
-function of the tokens drafted before j (a stopping time of the drafting). Given those,
-each surviving draft's token at j is still a fresh draw from p given its own prefix, so
-the verifier at j sees the law it is exact for, whether j was reached or the walk
-stopped before it (and then the bonus comes from q). A rule that looks at position j's
-own token to decide whether j is verified (its draft probability, its target
-probability) changes the law of the tokens the verifier sees: such rules are not exact,
-and the tests show the harness rejecting them (tests/decoding/test_adaptive.py).
-
-The engine runs it with `DecodeSpec(adaptive=threshold)`: the draft loop stops when no
-row of the batch verifies the next position (`drafting`, a `lax.while_loop`), the target
-scores the drafts up to the smallest of `length_buckets` that holds the batch's longest
-length (one compiled call per bucket), and each row's walk verifies its own length
-(`rounds.run_round`). Static shapes throughout: positions never drafted hold p = 0,
-which never passes the rule and is never read by the walk.
-
-The length is the run of leading positions that pass (position 0 always does), so it is
-well defined by construction, whatever the rounding of the running sums.
-
-The batch's tree budget (`budget_nodes`, `DecodeSpec(node_budget=n)`) is the same idea on
-a drafted tree, across rows: the default "wor" tree (K distinct first tokens, each path a
-chain) is drafted whole, then the live rows share floor(n x live rows) of its nodes, given
-greedily to the nodes the walk is likeliest to reach were the target the draft, and each
-path is verified up to the depth its kept nodes reach (`verify.walk_positions` and
-`traversal.verify_tree` with per-path lengths; the target scores only the kept nodes,
-`tree.from_paths`). Whether a node is kept depends on its ancestors, on the earlier first
-tokens and on nodes drafted independently of it, never on its own token or below it, so
-the number of children of every node is a stopping time of its draws, which recursive
-rejection without replacement and Traversal Verification allow (docs/ADAPTIVE.md).
+Shapes stay static: positions never drafted hold p = 0, which never passes the rule and
+is never read by the walk (`verify.walk_positions(length=l)`).
 """
 
 import jax
@@ -77,25 +50,17 @@ def confident_length(drafts_KxL, p_KxLxV, threshold) -> jnp.ndarray:
 
 def budget_nodes(drafts_BxKxL, p_BxKxLxV, node_budget, live_B) -> jnp.ndarray:
   """The depth each path of the default "wor" tree verifies when the live rows share
-  floor(node_budget x live rows) of the round's drafted nodes (module docstring).
+  floor(node_budget x live rows) of the round's drafted nodes (docs/ADAPTIVE.md).
 
   Node (k, t) of a row (path k's token at depth t + 1) is worth the chance the walk
   reaches it were the target the draft:
 
-    reach(k, 0) = 1 - sum_{i < k} p(x_i,0)          (no earlier first token was taken)
-    reach(k, t) = p(x_k,0) prod_{1 <= s < t} p(x_k,s)   (t >= 1: its ancestors taken),
+    reach(k, 0) = 1 - sum_{i < k} p(x_i,0)              (no earlier first token taken)
+    reach(k, t) = p(x_k,0) prod_{1 <= s < t} p(x_k,s)   (t >= 1: its ancestors taken).
 
-  a running sum shifted by one and a running product shifted by one, so never the node's
-  own token; a running minimum along the path makes reach non-increasing from a node to
-  its child by construction. The nodes are ranked by (reach descending, depth, path,
-  row) and the first n kept: every live row keeps its first first token; a node's rank
-  counts only nodes worth more than it or tied and earlier, none of them at or below it
-  nor a later first token (worth at most its own, and ranked after on ties), so
-  whether it is kept never depends on its own token or its subtree. Kept nodes are closed
-  under parents and earlier first tokens (a cumulative product along each path and along
-  the first tokens; the ranking already gives it). The greedy that adds the frontier
-  node worth most, one at a time, keeps the same set, since reach never increases
-  towards the leaves.
+  The nodes are ranked by (reach descending, depth, path, row) and the first ones kept;
+  every live row keeps its first first token. A node's rank never reads its own token
+  or its subtree, so the budget keeps the tree's law exact.
 
   Args:
     drafts_BxKxL: the default tree's paths (K distinct first tokens; a path past the
@@ -118,14 +83,18 @@ def budget_nodes(drafts_BxKxL, p_BxKxLxV, node_budget, live_B) -> jnp.ndarray:
   # non-decreasing whatever order the sum is computed in).
   through_BxK = jax.lax.cummax(jnp.cumsum(first_p_BxK, axis=1), axis=1)
   before_BxK = jnp.concatenate([jnp.zeros_like(through_BxK[:, :1]), through_BxK[:, :-1]], 1)
+  # Its ancestors' product: the running product shifted by one, never the node's own token.
   ancestors_BxKxL = jnp.cumprod(drawn_BxKxL, axis=2)
   reach_BxKxL = jnp.concatenate([(1.0 - before_BxK)[..., None], ancestors_BxKxL[..., :-1]], 2)
+  # Reach never increases from a node to its child, whatever the rounding.
   reach_BxKxL = jax.lax.cummin(reach_BxKxL, axis=2)
   index = jnp.meshgrid(jnp.arange(b), jnp.arange(k), jnp.arange(length), indexing="ij")
   row_BxKxL, path_BxKxL, depth_BxKxL = index
   first_node_BxKxL = (path_BxKxL == 0) & (depth_BxKxL == 0)
   open_BxKxL = live_B[:, None, None] & ~repeated_BxK[..., None] & ~first_node_BxKxL
   value_BxKxL = jnp.where(open_BxKxL, reach_BxKxL, -jnp.inf)
+  # A node's rank counts only nodes worth more, or as much and ranked earlier: none at or
+  # below it, nor a later first token. So keeping it never reads its own token.
   order_X = jnp.lexsort(
     (row_BxKxL.ravel(), path_BxKxL.ravel(), depth_BxKxL.ravel(), -value_BxKxL.ravel())
   )

@@ -1,58 +1,21 @@
-"""Block-level verification of speculative drafts (design and proofs: docs/BLOCK_VERIFICATION.md).
+"""Block-level verification of speculative drafts (derivation: docs/BLOCK_VERIFICATION.md).
 
-Token-level verifiers (`spectr_jax.verify`) decide position by position. These decide over
+Token-level verifiers (`spectr_jax.verify`) decide position by position; these decide over
 the whole block. Index convention as `methods.verify_drafts`: p[i, t] = p(. | h, d_i[:t]),
 q[i, t] = q(. | h, d_i[:t]); q[i, L] is the bonus distribution after a full draft.
 
-"block" (K = 1): block verification, Sun et al. (ICLR 2025, arXiv 2403.10444), Algorithm 2.
-With the draft X_1..X_L and w_0 = 1:
+Methods of `block_verify` (`block_plan` is the part decided before any random draw):
+  "block" (K = 1): Sun et al.'s block verification (arXiv 2403.10444, Algorithm 2).
+  "gbv" (K >= 1, `verify_paths`): one path chosen depth by depth by the optimal
+    verifier's selection (`optimal.select_draft`), then "block" along it with the
+    selection's law r_t in place of p. At L = 1 it is the token-level optimal verifier.
+  "gbv_tp" (K >= 1, `verify_tp_paths`): Thomas & Pal's rule (arXiv 2602.16961). The path
+    is the largest in the `ratio_rank` order, then "block" runs with `skewed_law` for p.
+With K = 1 both multi-path rules are "block", with the same draws.
 
-  w_i = min(1, w_{i-1} q(X_i | X^{i-1}) / p(X_i | X^{i-1}))                   (i = 1..L)
-  rho_i = sum_x max(w_i q(x | X^i) - p(x | X^i), 0)                            (i < L)
-  h_i = rho_i / (rho_i + 1 - w_i)  (i < L),   h_L = w_L
-  tau = max {i >= 1 : eta_i <= h_i} (0 if none), eta_1..eta_L i.i.d. U(0, 1)
-  emit X^tau, then Y ~ norm(max(w_tau q(. | X^tau) - p(. | X^tau), 0)), or Y ~ q(. | X^L)
-  when tau = L.
-
-P(tau >= i | X^i) = w_i, so E[tokens] = 1 + sum_i E[w_i]: never below token-level "sd"
-(whose per-prefix acceptance is prod_j min(1, q/p) <= w_i).
-
-"gbv" (K >= 1): multi-path block verification derived here (proof in the doc; Thomas &
-Pal's GBV is "gbv_tp" below). It selects one draft path greedily, depth by depth, and
-block-verifies it against the law of the selection:
-
-  at depth t the k_t paths that agree with the selected prefix Z^t survive; Z_{t+1} is
-  chosen among their tokens by the OT-optimal per-position selection of
-  `spectr_jax.optimal` (`optimal.select_draft`), whose law given the history is
-  r_t = optimal_plan(p(. | Z^t), q(. | Z^t), k_t).r_V (r_t = p(. | Z^t) where k_t = 1, no
-  plan built); run "block" on Z with r_t in place of p (r_t depends only on the history,
-  known before Z_{t+1} is drawn).
-
-At L = 1 this is the token-level optimal verifier (accept sum min(r, q) = alpha*).
-With K = 1, r = p and "gbv" is "block" (with the same randomness).
-
-"gbv_tp" (K >= 1): Thomas & Pal's greedy multi-path block verification (arXiv 2602.16961),
-as SPEC section 5 writes it. At every node u the tokens are put in ONE total order
-(`ratio_rank`: by q_u / p_u, ties broken by token id, the lower id ranking higher; tokens
-with p_u = 0, never drafted, lowest), used both to choose and in the CDF below. The
-selected path Z is the lexicographically largest of the K paths in that order (from the
-root, the present child of highest rank). Its law given Z^t = u (`skewed_law`), with
-x_u = P(a path starts with u), C_u = P(a path's |u|-prefix is <= u), A = C_u - x_u and
-F_u the CDF of p_u in the order:
-
-  s_u(t) = P(max of K paths passes through u.t) / P(it passes through u)
-         = p_u(t) H(A + x_u F_u(t), A + x_u F_u(t) - x_u p_u(t)) / H(A + x_u, A),
-  H(a, b) = sum_{i<K} a^i b^(K-1-i) = (a^K - b^K) / (a - b)
-
-(every term non-negative: no cancellation; computed with x = x_u / C_u and a = A / C_u,
-both in [0, 1], as H is homogeneous). Then "block" runs along Z with s in place of p. The
-selection needs no randomness; with K = 1, s = p and "gbv_tp" is "block" (same draws).
-
-Every token is drawn with `sampling.categorical`. All functions are pure, jit/vmap-able
-with static shapes. The depths are unrolled in Python and "block" and "gbv_tp" have no
-data-dependent loop; "gbv" at K >= 2 builds `optimal` plans and inherits their
-data-dependent loops (`spectr_jax.optimal`); at K = 1 `optimal.select_draft` builds none
-(static).
+Every token is drawn with `sampling.categorical`. All functions are pure and jit/vmap-able
+with static shapes; the depths are unrolled in Python. Only "gbv" at K >= 2 has
+data-dependent loops: those of the `optimal` plans it builds.
 """
 
 from typing import NamedTuple
@@ -204,7 +167,8 @@ def skewed_law(p_V, below_V, x, a, num_drafts: int):
 
   Args:
     p_V: p_u. below_V: the draft mass below each token (`ratio_rank`).
-    x: x_u / C_u. a: (C_u - x_u) / C_u (module docstring; x = 1, a = 0 at the root).
+    x: x_u / C_u. a: (C_u - x_u) / C_u (docs/BLOCK_VERIFICATION.md, "gbv_tp";
+      x = 1, a = 0 at the root).
     num_drafts: K.
 
   Returns:
@@ -277,8 +241,6 @@ def verify_tp_paths(key, drafts_KxL, p_KxLxV, q_KxL1xV) -> BlockVerdict:
 
 
 _verify_jit = jax.jit(_verify, static_argnames="lexicographic")
-# The verify functions of this module, by registry reference: whether the selection is
-# "gbv_tp"'s lexicographic maximum.
 # The block-level methods of this module: their selection (lexicographic: "gbv_tp") and
 # the most paths they take.
 _METHODS = {"block": (False, 1), "gbv": (False, None), "gbv_tp": (True, None)}

@@ -55,11 +55,10 @@ def _branching(value: Any) -> str | tuple[int, ...]:
 class DecodeSpec(Schema):
   """What `engine.generate` decodes: the one decode specification, validated here.
 
-  Three independent axes name what a round does: the verifier (`method`), how its drafts
-  are drawn (`drafting`) and, for a scheme that draws a tree, its shape (`branching`).
-  A spec with method "" is a template: a sweep holds one and each cell replaces its
-  method, K, L and rho (`replace`); the fields that depend on the method are checked
-  then. `DecodeSpec.parse("kseq:8:4")` reads the benchmarks' short form.
+  A round is named by three axes: the verifier (`method`), how its drafts are drawn
+  (`drafting`) and a tree scheme's shape (`branching`). With method "" the spec is a
+  template: each sweep cell sets method, K, L and rho (`replace`), and the checks that
+  depend on the method run then. `DecodeSpec.parse("kseq:8:4")` reads the short form.
 
   Attributes:
     method: the verifier, a name of the method registry (`python -m spectr_jax.methods`
@@ -78,8 +77,7 @@ class DecodeSpec(Schema):
     top_k: keep the top_k most likely tokens (0 = all; static).
     top_p: nucleus mass in (0, 1]; 1 = no truncation (traced below 1).
     eos_ids: the stop tokens (any of them ends a row); () for none.
-    dedup: score and draft each round's distinct prefixes once (their token tree)
-      instead of K tails: the same law, fewer positions.
+    dedup: score and draft each distinct prefix once (a token tree), not K tails.
     layer_stack: "scan", "unroll" or "auto" (scan deep models).
     adaptive: a confidence threshold in (0, 1] for adaptive draft length
       (`lengths.Adaptive`); 0 = off (traced).

@@ -1,38 +1,19 @@
 """Drafting schemes: how a round draws its K draft sequences (the drafting seam).
 
-A scheme is a function
+A scheme is a `Depths`, its draws depth by depth: "iid" (`iid_depths`, K i.i.d. paths of
+L tokens, SpecTr) and "wor" (`tree_depths`, a tree drawn without replacement at every
+node, docs/WITHOUT_REPLACEMENT.md). `methods.DRAFTING` names them. `draft_paths` runs
+any scheme on the draft model and returns `Drafts`; `Drafter.draft` calls it for
+`rounds.draw`. `iid` and `without_replacement` are the two schemes as whole functions:
 
   scheme(extend, params, cache, pending_Bx2, num_pending_B, key_B, probs, *,
          num_drafts, draft_len, take_tails=None, threshold=None) -> Drafts
 
-that runs the draft model through `extend` (the decoder's extend-on-tails call:
-(params, tokens_BxKxT, cache, num_new_B=None, logits_at_B=None, tails_empty=False) ->
-(logits, cache); the opening call of a round, on empty tails, passes tails_empty=True),
-turns logits into distributions with `probs` (the decode's sampling transform) and
-returns the draft tokens, the distributions they were proposed from and the structure
-the verifier needs. The method registry (`spectr_jax.methods.DRAFTING`) names the scheme
-of each method; `rounds.draft` calls it.
-
-With `take_tails` (the decoder's (cache, tails_BxW) -> cache of those W tails) the draft
-computes each prefix that every draw of the scheme shares once (dedup rounds,
-`DecodeSpec.dedup`): the
-K tails are empty when a round's drafting starts, so the opening call (the pending
-tokens, the same for every tail) runs on one tail, and where a static tree's nodes hold
-several tails (branching (4, 2, 1, 1): 4 nodes at depth 1), one tail per node computes
-and the others take its entries and logits. The widths are static (a `lax.scan` per run
-of depths of one width), so a round pays for no control flow; prefixes that coincide by
-chance (i.i.d. paths, the proportional tree's shapes) are computed per tail. Every tail
-ends with the entries and p its own path gives, so the drafts' law does not change.
-
-Schemes here:
-  iid: K i.i.d. sequences of L tokens (SpecTr), one cache tail per draft.
-  without_replacement: a static tree of K paths (a branching per depth, (K, 1, ..., 1)
-    by default) whose children are drawn without replacement at every node (the law of
-    Gumbel-top-k in the order of the perturbed values): by default K distinct first
-    tokens, each path continuing alone (Jeon et al., RSD, arXiv 2402.14160; Hu et al.,
-    arXiv 2502.18779; static trees as in Sequoia, arXiv 2402.12374). Where a node has
-    fewer tokens with draft mass than children, the extra children copy the first
-    child's subtree (see `distinct_tokens`).
+`extend` is the decoder's extend-on-tails call: (params, tokens_BxKxT, cache,
+num_new_B=None, logits_at_B=None, tails_empty=False) -> (logits, cache); a round's
+opening call, on empty tails, passes tails_empty=True. `probs` is the decode's sampling
+transform. With `take_tails` (the decoder's (cache, tails_BxW) -> cache) a dedup round
+computes each prefix its draws share once (docs/CACHE.md); the drafts' law is unchanged.
 
 Key convention: the draw of step t (t = 0..L-1) of tail k uses
 fold_in(fold_in(row key, t), k) (`draft_keys_LxBxK`).
@@ -340,7 +321,7 @@ def draft_paths(depths: Depths, extend, params, cache, pending_Bx2, num_pending_
   open every tail, and only the last one's logits are computed; L - 1 steps under
   `lax.scan` follow, each writing its p in place into p_BxKxLxV. With `take_tails` the
   opening runs on one tail and step t on one tail per node of levels[t] (a scan per run
-  of steps of one node size: `_extend_shared`; module docstring).
+  of steps of one node size: `_extend_shared`; docs/CACHE.md).
 
   With `threshold` (adaptive draft length, tails only) a `lax.while_loop` replaces the
   scan: step t runs while some row verifies position t (`adaptive.confident_length` of
@@ -502,14 +483,11 @@ def without_replacement(
   """A static tree of K paths per row: at depth t every node has branching[t] children,
   drawn without replacement from the draft (`distinct_tokens`, the law of Gumbel-top-k).
 
-  The drafts of recursive rejection without replacement ("rrs"), which verifies the tree
-  node by node. By default (K, 1, ..., 1): K distinct first tokens, each path continuing
-  alone. Paths are in depth-first order: node blocks of consecutive paths, child j of a
-  node the j-th block of its paths. Where a node has fewer tokens with draft mass than
-  children (top-k or top-p truncation, temperature 0), its children are its whole
-  support and every extra child's subtree is an exact copy of child 0's: the verifier
-  ignores a repeated token, so it sees fewer valid drafts, and the output law stays the
-  target's (no error in the middle of a decode; any K >= 1 is taken).
+  The drafts of "rrs" and "traversal". By default (K, 1, ..., 1): K distinct first
+  tokens, each path continuing alone. Paths are in depth-first order: child j of a node
+  is the j-th block of its paths. A node with fewer tokens with draft mass than children
+  copies child 0's subtree into the extras; the verifier skips a repeated token, so the
+  law stays the target's and any K >= 1 is taken (docs/WITHOUT_REPLACEMENT.md).
 
   Args:
     extend: the draft decoder's extend call (module docstring).

@@ -125,20 +125,18 @@ class SweepConfig(Schema):
       >= 1 (a number above K is skipped at that K: it would be clipped to K).
     seeds: each seed draws its own prompt set and decoding randomness.
     decode: the template every cell decodes (a `DecodeSpec` with method ''): each cell
-      sets its method, K, L and rho. Its drafting scheme applies to every speculative
-      cell (each method must be exact for it), its branching to the cells of a scheme
-      that draws trees; dedup, adaptive and node_budget to the cells with drafts.
+      sets its method, K, L and rho. Its drafting, branching, dedup, adaptive and
+      node_budget apply to the cells with drafts (each method exact for the scheme).
     prompts: the prompts of each seed.
     batch_size: prompts per engine call (split over all devices when `shard`).
     shard: split each batch over all devices of all hosts (a data mesh).
     compilation_cache: persistent XLA cache directory ("" = none).
     mesh_model: devices per "model" group (rows go over devices / mesh_model groups).
     device_memory: memory per device for the check before compiling: a name of
-      `memory.DEVICE_MEMORY` ("tpu-v5e", "h100", ...), GiB ("16"), or "" = what the
-      device reports (none on CPU: the arithmetic is printed, not checked).
-    refuse_inexact: stop (without saving it) at a cell whose verifier was not exact at
-      some position (a fixed rho below what the position needs); by default such cells
-      are saved and every report ranks them apart, marked as not exact.
+      `memory.DEVICE_MEMORY` ("h100", ...), GiB ("16"), or "" = what the device reports
+      (none on CPU: the arithmetic is printed, not checked).
+    refuse_inexact: stop, unsaved, at a cell whose verifier was not exact somewhere (a
+      fixed rho too low); by default such cells are saved and reports mark them apart.
     decoding: deprecated: the settings block before the template (a mapping or the old
       `DecodeSettings`), folded into `decode` and `prompts`.
   """

@@ -24,10 +24,9 @@ DISTILL_SOURCES = ("corpus", "target", "on_policy")
 class DistillConfig(Schema):
   """Distillation of the trained model (the draft) against a frozen target.
 
-  Off when `target_workdir` is "" (plain next-token training). On, every step scores its
-  rows with both models in the same jitted step (the target's distributions are never
-  cached) and minimises the divergence between the two next-token distributions, both
-  under the decoding transform below (the one the draft will serve).
+  Off when `target_workdir` is "" (plain next-token training). On, each jitted step
+  scores its rows with both models and minimises the divergence between their
+  next-token laws, under the decoding transform the draft will serve (docs/DISTILLATION.md).
 
   Attributes:
     target_workdir: the frozen target's run directory (relative to $SPECTR_WORKDIR unless
@@ -35,23 +34,20 @@ class DistillConfig(Schema):
     init_workdir: start from the final parameters of this run ("" = fresh initialisation);
       its model must be this run's.
     divergence: per position, between the draft's p and the target's q: "forward_kl"
-      KL(q || p), "reverse_kl" KL(p || q), "tv" total variation 1 - sum min(p, q) (the
-      single-draft rejection rate), "jsd" the skew Jensen-Shannon divergence
+      KL(q || p), "reverse_kl" KL(p || q), "tv" 1 - sum min(p, q), or "jsd"
       skew KL(q || m) + (1 - skew) KL(p || m), m = skew q + (1 - skew) p.
     skew: "jsd" only, in (0, 1): the target's weight (0.5 is the symmetric JSD).
-    data: where each step's rows come from: "corpus" (the packed training rows),
-      "target" (continuations sampled from the target), "on_policy" (sampled from the
-      current draft and scored by the target), or a mix such as "corpus:1,on_policy:3"
-      (shares of the `batch_size` rows, rounded). Sampled rows open with the first
-      `prompt_len` tokens of training rows (never held-out text).
+    data: where each step's rows come from: "corpus" (packed training rows), "target"
+      (sampled from the target), "on_policy" (sampled from the current draft), or a mix
+      such as "corpus:1,on_policy:3" (shares of the `batch_size` rows, rounded).
     temperature, top_k, top_p: the decoding transform of both models (top_k 0 = all,
       top_p 1 = no truncation), also used to sample the rows; temperature > 0.
-    prompt_len: corpus tokens that open each sampled row.
+    prompt_len: training-row tokens that open each sampled row (never held-out text).
     sample_tokens: tokens sampled after them.
     eval_prompts: held-out prompts of the alignment metrics (per-token acceptance
       sum min(p, q) and the K = 8 alpha* along target samples) at each evaluation.
-    eval_tokens: tokens sampled from the target after each of them. (Unlike the top-level
-      logistics fields, these two are part of the config a resumed run must match.)
+    eval_tokens: tokens sampled from the target after each of them. These two, unlike
+      the top-level logistics fields, must match when a run resumes.
   """
 
   target_workdir: str = ""

@@ -1,45 +1,21 @@
 """Traversal Verification: a draft tree verified from the leaves to the root.
 
 Weng et al., "Traversal Verification for Speculative Tree Decoding" (arXiv 2505.12398,
-NeurIPS 2025). The block-level verify function of "traversal", for trees whose children
-are drawn without replacement at every node (the "wor" scheme: `drafting.
-without_replacement`, any static branching or "proportional"). Index convention as
-`methods.verify_drafts`: p[k, t] = p(. | h, d_k[:t]), q[k, t] = q(. | h, d_k[:t]).
+NeurIPS 2025); rules, provenance and evidence: docs/WITHOUT_REPLACEMENT.md, "Traversal
+Verification". `verify_tree` is the block-level verify function of "traversal", for trees
+drawn without replacement at every node (the "wor" scheme, `drafting.without_replacement`).
+Index convention as `methods.verify_drafts`: p[k, t] = p(. | h, d_k[:t]), q[k, t] likewise.
 
-The tree: the node at depth t of path k is its prefix d_k[:t]; paths are in post-order
-(a node's children in the order drawn, each child's paths one block), and a path equal
-to an earlier one (a copy past a node's support) adds no node. Every node u keeps a
-target law Q_u, a draft law P_u (at first q and p there) and a weight
+The tree: the node at depth t of path k is its prefix d_k[:t]. Paths are in post-order (a
+node's children in the order drawn, each child's paths one block). A path equal to an
+earlier one (a copy past a node's support) adds no node. Nodes are tested leaf to root; a
+rejected node updates its parent's laws and weight. On a chain (K = 1) this is "block"
+(`spectr_jax.block`) with the same draws; at L = 1 it is "rrs".
 
-  w(root) = 1,   w(u.x) = min(1, w(u) Q_u(x) / P_u(x)).
-
-Nodes are tested leaf to root in post-order: a tested node is accepted with probability
-w (the root always), and the round emits its prefix and a bonus token drawn from its
-Q. A rejected node u.x is deleted and updates its parent u, with a = w(u):
-
-  S = sum_y max(a Q_u(y) - P_u(y), 0),   Q_u <- norm(max(a Q_u - P_u, 0)),
-  w(u) <- S / (S + 1 - a),               P_u <- P_u with x removed, renormalised,
-
-and the weights below u are recomputed; the next node tested is the first leaf of u's
-next child's subtree, or u itself when it has no child left. Under a tree budget
-(`length_K`) path k ends at depth length_K[k]: its leaf is tested first, and a path
-holding no token adds no node. On a chain (K = 1) this is
-block verification ("block", `spectr_jax.block`) with the same draws; at L = 1 it is
-recursive rejection without replacement ("rrs"). The output is the target's sequence
-law (tests/verify/test_traversal.py checks it by exact enumeration over every tree the
-schemes draw, and by sampling this function).
-
-The paper's algorithm section was not readable through this project's search tool; the
-update rules above were read from a public implementation that cites the paper's
-Algorithm and its Eq. (3), and are confirmed by the exactness checks (SPEC section 5).
-
-Static shapes: one `lax.while_loop` of at most K L + 1 tests per block, each O(V + L);
-the state holds the updated laws of the current path's nodes (L x V each). The loop's
-trip count depends on the draws (on a GPU each test is a host round trip); it stays
-data-dependent because a fixed-trip form would run all K L + 1 tests where a block
-usually ends after a few. Node (k, t)
-(tested while path k is the last path through it) uses uniform eta[k, t]; a uniform is
-compared with `eta < w`, so a weight of 0 never accepts and one of 1 always does.
+Static shapes: one `lax.while_loop` of at most K L + 1 tests per block, each O(V + L).
+Its trip count depends on the draws (on a GPU each test is a host round trip). It stays
+data-dependent: a fixed-trip form would run all K L + 1 tests where a block usually ends
+after a few.
 """
 
 from typing import NamedTuple
@@ -139,6 +115,8 @@ def verify_tree(key, drafts_KxL, p_KxLxV, q_KxL1xV, length_K=None) -> BlockVerdi
     )
 
   def step(s: _State) -> _State:
+    # Node (k, t), tested while path k is the last path through it, uses eta[k, t]. The
+    # test is eta < w, so w = 0 never accepts and w = 1 always does.
     accept = (s.depth == 0) | (eta_KxL1[s.path, s.depth] < s.weight_L1[s.depth])
     parent = jnp.maximum(s.depth - 1, 0)
     a = s.weight_L1[parent]

@@ -45,32 +45,27 @@ class ModelConfig:
 
   The defaults are the PaLM-style model the project trains (family "palm": parallel
   blocks, RMSNorm, RoPE, SwiGLU, no biases, tied embedding, logits / sqrt(D)). The
-  open-weight families (spectr_jax/models/families/) keep what only they have in their
-  options (docs/MODELS.md lists them).
+  open-weight families (docs/MODELS.md) keep what only they have in `options`.
 
   Attributes:
     vocab_size: V, the number of embedding rows (token ids).
     d_model: D, the width of the residual stream.
-    num_layers: N, the number of blocks.
+    num_layers: Y, the number of blocks.
     num_heads: H, the number of query heads.
-    num_kv_heads: Hk, the number of key/value heads shared by groups of H // Hk query
-      heads (1 = multi-query attention, H = multi-head attention).
+    num_kv_heads: Hk, key/value heads, each shared by H // Hk query heads (1: multi-query).
     head_dim: Dh, the width of one head (independent of D).
     mlp_dim: F, the hidden width of the MLP.
-    max_len: S, the capacity of the KV-cache prefix (prompt plus committed tokens).
-    rope_base: the base of the rotary position embedding frequencies, or None where the
-      family rotates nothing (GPT-2's learned positions).
+    max_len: S, the KV-cache prefix capacity (prompt plus committed tokens).
+    rope_base: the rotary embedding's base, or None (no rotation, e.g. GPT-2).
     rope_scaling: Llama 3.1's frequency rescaling, or None.
     norm_eps: the epsilon of the norms.
-    dtype: the compute dtype name ("float32", "bfloat16"); parameters are float32 when
-      initialised here (a loaded checkpoint keeps its own dtype).
-    output_vocab_size: the logits cover ids [0, output_vocab_size) only (None: all
-      vocab_size); a pair whose embeddings have padding rows past its tokenizer's
-      vocabulary is restricted to the real tokens this way.
-    tied_embedding: the output layer is the input embedding (else a separate V x D
-      `out_embedding`).
-    sliding_window: a key is visible to a query only when q_pos - k_pos < window (on the
-      layers the family slides: every layer, or Gemma 2's even ones), or None.
+    dtype: the compute dtype name ("float32", "bfloat16"); parameters initialised here
+      are float32, a loaded checkpoint keeps its own dtype.
+    output_vocab_size: logits cover ids [0, output_vocab_size) only (None: vocab_size);
+      drops the padding rows past a tokenizer's vocabulary.
+    tied_embedding: the output layer is the input embedding (else `out_embedding`).
+    sliding_window: a key is visible to a query only when q_pos - k_pos < window, on
+      the layers the family slides (all, or Gemma 2's even ones); None: no window.
     family: the decoder family's name (`spectr_jax.models.families`): "palm", "llama",
       "gemma", "gemma2", "gpt2" or a registered one.
     options: the family's own frozen options (e.g. `LlamaOptions`), or None for the

@@ -1,49 +1,26 @@
 """Exactness evidence for a verifier in one call: `check_verifier(fn, level=..., laws=...)`.
 
-A verifier is exact for a drafting law when, for drafts drawn by that law, its emitted
-tokens completed by target draws follow the target's sequence law. `check_verifier` runs
-three kinds of checks per law and returns a `Report` (one row per case, a markdown table,
-and what each row would detect):
+A verifier is exact for a drafting law when its emitted tokens, completed by target draws,
+follow the target's sequence law. Per law, `check_verifier` runs three checks and returns
+a `Report`: one row per case, with what each row would detect. The checks, their power
+and what passing means: docs/NEW_VERIFIER.md, section 2.
 
-- "law": small random trees (V = 2-4, L = 1-3, K = 1-4; dense, sparse, one-hot targets,
-  tied ratios q = p, p = 0 where q > 0, q = 0 where p > 0). What is ENUMERATED: every
-  draft tuple the law can draw, with its exact probability w_t (i.i.d.: every ordered
-  K-tuple of paths with p > 0; "wor": every ordered tuple of paths of the default static
-  tree (K, 1, ..., 1), `wor_reference.static_tree_law`). What is SAMPLED: the verifier's
-  own randomness, M_t draws for tuple t in proportion to w_t (one jitted, vmapped program
-  per shape), and the target's draws that complete an emitted block to L + 1 tokens. The
-  mixture estimate sum_t w_t P^_t of the completed sequences' law is compared with the
-  target's law (`sequences.target_law`) by a Wald chi-square statistic whose covariance
-  is the exact stratified one, sum_t w_t^2 (diag(P_t) - P_t P_t^T) / M_t, with P_t
-  estimated and outcomes of small expected count pooled; any mass on an outcome of
-  target probability 0 fails outright. Beside it: the mixture mean of the tokens emitted
-  per round and the LP bound of the law (`block_bound.multiset_bound`): a mean above the
-  bound by more than sampling error (one-sided z-test) shows an inexact rule.
-- "boundary": one-hot targets with drafts that miss and that hit, every uniform forced
-  to 0.0 and to the largest float32 below 1 and every random word to 0 and 2^32 - 1
-  (`jax.random.uniform` and `jax.random.bits` patched while the verifier is traced):
-  a token of target probability 0 must never be emitted.
-- "chi2-32k": every position of a block, the bonus included, at V = 32000 (draft and
-  target laws `sequences.llm_like` per depth; drafts drawn by the law), each position's
-  completed token binned into equal-mass bins of its target law, Pearson chi-square.
+- "law": small random trees. Every draft tuple the law can draw is enumerated with its
+  exact probability w_t ("wor": `wor_reference.static_tree_law`). The verifier's own
+  randomness is sampled, M_t draws for tuple t in proportion to w_t. The mixture estimate
+  sum_t w_t P^_t is compared with `sequences.target_law` by a Wald chi-square. Its
+  covariance is the exact stratified one, sum_t w_t^2 (diag(P_t) - P_t P_t^T) / M_t, with
+  P_t estimated and outcomes of small expected count pooled. Any mass on an outcome of
+  target probability 0 fails outright. Beside it, the mean tokens per round is tested
+  against the law's LP bound (`block_bound.multiset_bound`) by a one-sided z-test.
+- "boundary": one-hot targets, with every uniform and random word forced to its extremes
+  (`jax.random.uniform` and `jax.random.bits` patched while the verifier is traced).
+- "chi2-32k": every position of a block at V = 32000, in equal-mass bins, Pearson chi-square.
 
-Power. The harness knows the null law exactly, so what a test detects is computed, not
-hoped for (`detectable_tv`): the smallest total variation from the target law that a row's
-test rejects with probability `POWER` at the report's per-test level, in the worst
-direction. The default mode sizes its draws by it: every case of an informative tree kind
-(`INFORMATIVE`: where a wrong rule changes the law) detects `DETECT_TV` = 0.01, the V =
-32k rows `LARGE_VOCAB_TV` between the binned laws; the one-hot and tie trees (whose law
-most broken rules reproduce) run a fixed number of draws for their boundary behaviour.
-`quick=True` is a smoke test with a few thousand draws per case, and its report says it is
-no evidence (docs/NEW_VERIFIER.md, "What passing means").
-
-False alarms: every statistical test of a report (a law row holds two: the law and the
-bound) rejects at alpha / (number of tests), so a correct verifier fails a report with
-probability at most alpha (Bonferroni; default 1e-3). Keys are fixed by `seed`, so a run
-is deterministic.
-
-The tests' statistics live in `testing.power`, the `Report` in `testing.evidence` (both
-imported here).
+Draws are sized by `detectable_tv`: each `INFORMATIVE` case detects `DETECT_TV`, the V = 32k
+rows `LARGE_VOCAB_TV`; `quick=True` is a smoke test, not evidence. Each test rejects at
+alpha / (number of tests) (Bonferroni), and keys are fixed by `seed`. The statistics live
+in `testing.power`, the `Report` in `testing.evidence` (both imported here).
 """
 
 import contextlib

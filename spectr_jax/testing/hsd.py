@@ -1,60 +1,22 @@
 """Hierarchical Speculative Decoding (HSD) on one draft chain, in three readings of its
-authors' code and paper, and the exact output law of each (docs/BLOCK_VERIFICATION.md,
-"HSD").
+authors' code and paper, and the exact output law of each.
 
-Zhou, Huang, Li, Wu, Wang, Zhang, Lin, Cheng, "Overcoming Joint Intractability with
-Lossless Hierarchical Speculative Decoding" (arXiv 2601.05724, ICLR 2026). Read through the
-code index: the paper's text and the authors' repository
-(github.com/ZhouYuxuanYX/Hierarchical-Speculative-Decoding). Their letters are swapped:
-their q is our draft p, their p our target q. Our own code and notation throughout.
+Zhou et al., "Overcoming Joint Intractability with Lossless Hierarchical Speculative
+Decoding" (arXiv 2601.05724, ICLR 2026). Their q is our draft p, their p our target q.
+Sources, the rule, the witness and why two readings fail: docs/BLOCK_VERIFICATION.md, "HSD".
 
-The rule, for one draft chain X_1..X_L ~ p (K = 1), with rho_i = Q(X^i) / P(X^i) the
-uncapped joint ratio of the prefix (rho_0 = 1) and, at each prefix X^i (i < L), with
-p_i = p(. | X^i), q_i = q(. | X^i) and a cap c_i (below):
+The rule's knobs, at each prefix X^i with rho_i = Q(X^i) / P(X^i) and rho_0 = 1:
+- `CAPPINGS`, the cap c_i: "prefix" min(1, rho_i); "running" rho_i / max(1, rho_1..rho_i)
+  (block verification's weight w_i); "none" rho_i (the code's `approxi` path).
+- `OVERRIDES`: "next" sets the stop probability h_i = 1 where rho_{i+1} >= 1; "none" not.
+- `FINALS`, the whole chain's acceptance: "joint" min(1, rho_L); "weight" c_L.
+`READINGS` names the three readings as (capping, override, final). "clean" (the defaults,
+`algorithm_clean.py`) and "published" (the paper's Listing 2) are NOT EXACT from L = 2 on.
+"equations" is Sun et al.'s block verification, and exact.
 
-  plus_i = max(c_i q_i - p_i, 0),  minus_i = max(p_i - c_i q_i, 0)
-  h_i = sum plus_i / max(sum plus_i, sum minus_i)       (0 where both sums are 0)
-  h_i = 1 where rho_{i+1} >= 1                          (override "next" only)
-  accept the whole chain with probability min(1, rho_L) (final "joint") or c_L
-  (final "weight"); otherwise walk back from i = L - 1: stop at the last i whose test
-  eta_i < h_i succeeds (i = L - 1 if none does); emit X^i and Y ~ norm(plus_i), or,
-  where plus_i is all 0, emit X^{i+1} with no new token; after a full acceptance, the
-  bonus Y ~ q(. | X^L).
-
-Caps: "prefix" c_i = min(1, rho_i); "running" c_i = rho_i / max(1, rho_1..rho_i) (block
-verification's weight w_i); "none" c_i = rho_i (the code's `approxi` path).
-
-`READINGS` names the three readings of the authors' material:
-- "clean" (the defaults): `algorithm_clean.py`, path `HSD=True` (the README's "HSD
-  (clever)"); the authors deleted this file from their repository before the paper
-  appeared. NOT EXACT.
-- "published": the code the paper prints (Appendix F, Listing 2), also the repository's
-  `algorithm.py`: the running cap, no override, the whole chain accepted with
-  min(1, rho_L). NOT EXACT. In `algorithm.py` the cap's assignment is indented under the
-  `if` that raises the running maximum; we follow the paper's Definition 5 instead, which
-  caps at every depth. Where c_i q_i = p_i the listing divides 0 by 0; we keep the
-  conventions above.
-- "equations": the paper's equations as we read them (Definitions 4-6, Eq. 19: the whole
-  chain accepted with min(1, r*) = w_L). This is Sun et al.'s block verification
-  (`spectr_jax.block`; h_i = rho_i / (rho_i + 1 - w_i) rewritten), and exact.
-
-Inexact means: the enumerated output law (`chain_law`) differs from the target's sequence
-law on generic trees from L = 2 on, and the expected tokens per round exceed block
-verification's, which is the LP optimum for one draft (`block_bound.block_bound`, K = 1).
-Only an inexact rule can exceed it. Smallest witness, for "clean" and "published" alike:
-Sun et al.'s toy, p = (1/3, 2/3), q = (2/3, 1/3) at every prefix, L = 2. The output starts
-with 00 with probability 1/3 instead of 4/9 (L1 distance 2/9), with 7/3 tokens per round
-against the bound 20/9. So neither is registered in `methods.METHODS` (registering
-declares a method exact for its drafting law). Both are exact at L = 1 (one rejection
-step) and for one-hot drafts (every rho_i <= 1, so every cap is rho_i and min(1, rho_L) =
-w_L). Why they fail elsewhere, in flow terms: rejected draft mass reaching a prefix u can
-only be emitted as u, a correction token, then the target's continuation. Accepting the
-whole chain with min(1, rho_L) ignores an inner prefix whose ratio exceeds 1: chains below
-it are over-accepted, and the deficit left beside them can only be filled from above,
-continuing with q rather than with the deficit's shape. The prefix cap also breaks the
-balance of the walk-back itself; the running cap with w_L balances at every depth.
-
-`verify_chain` is jit/vmap-able with static shapes (the depths unrolled in Python).
+Entry points: `verify_chain` (jit/vmap-able, static shapes), `chain_stops` (h_i and
+plus_i along one chain) and `chain_law` (the enumerated output law, float64). Neither
+inexact reading is in `methods.METHODS`: a registry record declares a method exact.
 """
 
 import itertools
@@ -96,7 +58,7 @@ def _check(capping, override, final):
 
 
 def chain_stops(ratio_L, p_LxV, q_LxV, capping="prefix", override="next", final="joint", xp=jnp):
-  """HSD's numbers along one chain (module docstring), in array library `xp` (jnp or np).
+  """HSD's numbers along one chain (docs/BLOCK_VERIFICATION.md, "HSD"), in `xp` (jnp or np).
 
   Args:
     ratio_L: q(X_t | X^t) / p(X_t | X^t) for t = 0..L-1 (the drafted tokens).
