@@ -546,17 +546,26 @@ class Drafter:
     return prefill()
 
   def commit(self, model, cache, tail_B, tokens_BxL1, num_B, length_B, last_B, live_B,
-             pending_Bx2, num_pending_B):  # fmt: skip
+             pending_Bx2, num_pending_B, features_BxKxL1xD=None):  # fmt: skip
     """Appends what the draft saw of the emitted tokens from tail tail_B to its prefix and
     sets the tokens it has not seen (1 or 2 pending per row): (cache, pending_Bx2,
     num_pending_B). A row whose walk accepted every draft its path verifies (length_B)
-    keeps its last draft and the bonus pending (the draft never fed its last draft)."""
+    keeps its last draft and the bonus pending (the draft never fed its last draft).
+    With the target's features (a head drafts), the draft receives those before each
+    pending token: the emitted token at t follows the target's feature at t."""
     seen_B = jnp.minimum(num_B - 1, length_B - 1)
     cache = model.commit(cache, tail_B, jnp.where(live_B, num_pending_B + seen_B, 0))
     full_B = num_B == length_B + 1
-    one_Bx2 = jnp.stack([last_B, jnp.zeros_like(last_B)], axis=1)
+    at_Bx2 = jnp.where(
+      full_B[:, None], length_B[:, None] + jnp.arange(-1, 1), (num_B - 1)[:, None] + jnp.arange(2)
+    )
+    at_Bx2 = jnp.minimum(at_Bx2, tokens_BxL1.shape[1] - 1)
     ends_Bx2 = jnp.take_along_axis(tokens_BxL1, length_B[:, None] + jnp.arange(-1, 1), 1)
+    one_Bx2 = jnp.stack([last_B, jnp.zeros_like(last_B)], axis=1)
     new_pending_Bx2 = jnp.where(full_B[:, None], ends_Bx2, one_Bx2)
+    if features_BxKxL1xD is not None:  # a row that is not live never drafts again
+      path_BxL1xD = jnp.take_along_axis(features_BxKxL1xD, tail_B[:, None, None, None], 1)[:, 0]
+      cache = model.receive(cache, jnp.take_along_axis(path_BxL1xD, at_Bx2[..., None], 1))
     pending_Bx2 = jnp.where(live_B[:, None], new_pending_Bx2, pending_Bx2)
     num_pending_B = jnp.where(live_B, jnp.where(full_B, 2, 1), num_pending_B)
     return cache, pending_Bx2, num_pending_B
@@ -580,7 +589,7 @@ class NoDrafts:
     del prefill
 
   def commit(self, model, cache, tail_B, tokens_BxL1, num_B, length_B, last_B, live_B,
-             pending_Bx2, num_pending_B):  # fmt: skip
+             pending_Bx2, num_pending_B, features_BxKxL1xD=None):  # fmt: skip
     """Nothing to commit: the state's pending tokens as they are."""
-    del model, tail_B, tokens_BxL1, num_B, length_B, last_B, live_B
+    del model, tail_B, tokens_BxL1, num_B, length_B, last_B, live_B, features_BxKxL1xD
     return cache, pending_Bx2, num_pending_B

@@ -22,6 +22,7 @@ hit (L + 1 tokens) it has two pending tokens, fed together at the start of the n
 """
 
 import contextlib
+import dataclasses
 import functools
 import warnings
 from typing import NamedTuple
@@ -33,7 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spectr_jax import checks, loops, plan, rounds, sharding
 from spectr_jax.decode_spec import DecodeSpec
-from spectr_jax.models import KVCache, ModelBundle, ModelConfig, check_params, placement
+from spectr_jax.models import ModelBundle, ModelConfig, check_params, placement
 from spectr_jax.plan import DecodePlan, Traced
 from spectr_jax.rounds import DecodeStats
 from spectr_jax.sharding import DATA_AXIS
@@ -301,18 +302,18 @@ def _state_specs(decode_plan: DecodePlan) -> rounds.State:
   field's batch axis (a cache's by `sharding.CACHE_AXES`)."""
   rows = PartitionSpec(DATA_AXIS)
 
-  def cache():
-    return KVCache(
+  def cache(model):
+    return model.cache_class(
       **{
-        name: PartitionSpec(*[None] * axes.index("batch"), DATA_AXIS)
-        for name, axes in sharding.CACHE_AXES.items()
+        f.name: PartitionSpec(*[None] * sharding.CACHE_AXES[f.name].index("batch"), DATA_AXIS)
+        for f in dataclasses.fields(model.cache_class)
       }
     )
 
   return rounds.State(
     rounds_B=rows, done_B=rows, last_B=rows, pending_Bx2=rows, num_pending_B=rows,
-    out_BxW=rows, num_out_B=rows, target_cache=cache(),
-    draft_cache=None if decode_plan.draft_config is None else cache(), stats=rows,
+    out_BxW=rows, num_out_B=rows, target_cache=cache(decode_plan.target),
+    draft_cache=None if decode_plan.draft is None else cache(decode_plan.draft), stats=rows,
   )  # fmt: skip
 
 

@@ -84,6 +84,11 @@ class DecodePlan:
     """The target model's decoder."""
     return decoder(self.target_config)
 
+  @property
+  def features(self) -> bool:
+    """The draft reads the target's features (a head): the target's calls return them."""
+    return self.draft is not None and self.draft.reads_features
+
   def probs(self, logits_AxV, traced: Traced):
     """Sampling distributions of logits [..., V] under the decode's transforms (float32)."""
     top_p = traced.top_p if self.use_top_p else None

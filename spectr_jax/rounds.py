@@ -184,9 +184,11 @@ def draw(plan: DecodePlan, params, cache, state: State, key_B, traced: Traced) -
 def score(plan: DecodePlan, params, cache, last_B, drafts_BxKxL, traced: Traced,
           length_BxK=None) -> Scored:  # fmt: skip
   """The target's call on the drafts (`scoring.Scored`), each path to length_BxK where
-  given (ragged lengths)."""
+  given (ragged lengths), with the target's features where the draft reads them."""
   probs = lambda logits: plan.probs(logits, traced)  # noqa: E731
-  return plan.scoring.score(plan.target, params, cache, last_B, drafts_BxKxL, probs, length_BxK)
+  return plan.scoring.score(
+    plan.target, params, cache, last_B, drafts_BxKxL, probs, length_BxK, plan.features
+  )
 
 
 def walk(plan: DecodePlan, key_B, drafts_BxKxL, p_BxKxLxV, q_BxKxL1xV, traced: Traced,
@@ -254,7 +256,7 @@ def run_round(plan: DecodePlan, draft_params, target_params, row_key_B, state: S
     )
     draft_cache, pending_Bx2, num_pending_B = plan.drafter.commit(
       plan.draft, drafts.cache, tail_B, tokens_BxL1, num_B, length_B, last_B, live_B,
-      state.pending_Bx2, state.num_pending_B,
+      state.pending_Bx2, state.num_pending_B, scored.features_BxKxL1xD,
     )  # fmt: skip
   with jax.named_scope("stats"):
     stats = _count(
@@ -283,15 +285,22 @@ def init_state(plan: DecodePlan, draft_params, target_params, prompts_BxP, lengt
   w = plan.round_width
   cache_len = width + plan.max_new_tokens + w
 
-  def prefill(model: Decoder, params, num_tails, tail_capacity=w):
+  def prefill(model: Decoder, params, num_tails, tail_capacity=w, **features):
     cache = model.init_cache(b, num_tails, tail_capacity, cache_len)
     cache = sharding.constrain_cache(cache)
-    _, cache = model.prefill(params, prompts_BxP, lengths_B - 1, cache)
-    return cache
+    *out, cache = model.prefill(params, prompts_BxP, lengths_B - 1, cache, **features)
+    return out[1:], cache
 
   last_B = jnp.take_along_axis(prompts_BxP, (lengths_B - 1)[:, None], 1)[:, 0]
-  draft_cache = plan.drafter.prefill(lambda: prefill(plan.draft, draft_params, plan.num_drafts))
   target_tails = plan.scoring.cache_tails(plan.num_drafts, plan.draft_len)
+  # The target's prompt features, where the draft reads them (a head).
+  feature, target_cache = prefill(
+    plan.target, target_params, *target_tails, return_features=plan.features
+  )
+  reads = dict(features_BxPxD=feature[0]) if feature else {}
+  draft_cache = plan.drafter.prefill(
+    lambda: prefill(plan.draft, draft_params, plan.num_drafts, **reads)[1]
+  )
   zeros_B = jnp.zeros((b,), jnp.int32)
   zeros_BxL1 = jnp.zeros((b, w), jnp.int32)
   return State(
@@ -302,7 +311,7 @@ def init_state(plan: DecodePlan, draft_params, target_params, prompts_BxP, lengt
     num_pending_B=jnp.ones((b,), jnp.int32),
     out_BxW=jnp.zeros((b, plan.max_new_tokens + w), jnp.int32),
     num_out_B=zeros_B,
-    target_cache=prefill(plan.target, target_params, *target_tails),
+    target_cache=target_cache,
     draft_cache=draft_cache,
     stats=DecodeStats(
       rounds_B=zeros_B,

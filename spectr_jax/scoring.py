@@ -29,6 +29,8 @@ class Scored(NamedTuple):
   path_node_BxKxL1: with a tree, the node slot of path k at depth t (None for tails).
   nodes_B: the distinct prefixes scored per row (K (L + 1) for tails).
   positions: the positions the call computed per row (the compiled tree size for trees).
+  features_BxKxL1xD: the target's last-layer output after every path prefix, where the
+    draft reads it (a head; else None).
   """
 
   q_BxKxL1xV: jax.Array
@@ -37,6 +39,7 @@ class Scored(NamedTuple):
   path_node_BxKxL1: jax.Array | None
   nodes_B: jax.Array
   positions: jax.Array
+  features_BxKxL1xD: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,11 +54,12 @@ class Tails:
     return (num_drafts,)
 
   def score(self, target: Decoder, params, cache: KVCache, last_B, drafts_BxKxL,
-            probs: Callable, length_BxK=None) -> Scored:  # fmt: skip
+            probs: Callable, length_BxK=None, features: bool = False) -> Scored:  # fmt: skip
     """One target call on `[last, d_1..d_L]` of every path; with length_BxK (ragged
     lengths) on `[last, d_1..d_m]`, m the smallest of `adaptive.length_buckets` that
     holds every path's length (one compiled call per bucket, under a data-dependent
-    conditional; q after m is never read)."""
+    conditional; q after m is never read). With `features` (static) the target's
+    features come back too (`Scored`)."""
     b, k, length = drafts_BxKxL.shape
     last_BxKx1 = jnp.broadcast_to(last_B[:, None, None], (b, k, 1))
     tokens_BxKxL1 = jnp.concatenate([last_BxKx1, drafts_BxKxL], axis=2)
@@ -63,22 +67,27 @@ class Tails:
     def prefix(m):
       def run(cache):
         # A round's target call follows a commit (or the prefill): its tails are empty.
-        logits, cache = target.extend(params, tokens_BxKxL1[:, :, : m + 1], cache, tails_empty=True)
-        return jnp.pad(logits, ((0, 0), (0, 0), (0, length - m), (0, 0))), cache
+        *out, cache = target.extend(
+          params, tokens_BxKxL1[:, :, : m + 1], cache, tails_empty=True, return_features=features
+        )
+        pad = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, length - m), (0, 0)))  # noqa: E731
+        return tuple(map(pad, out)), cache
 
       return run
 
     if length_BxK is None:
-      logits_BxKxL1xV, cache = prefix(length)(cache)
+      out, cache = prefix(length)(cache)
       positions = jnp.int32(k * (length + 1))
     else:
       sizes = adaptive.length_buckets(length)
       bucket = jnp.searchsorted(jnp.asarray(sizes), jnp.max(length_BxK))
-      logits_BxKxL1xV, cache = jax.lax.switch(bucket, [prefix(m) for m in sizes], cache)
+      out, cache = jax.lax.switch(bucket, [prefix(m) for m in sizes], cache)
       positions = k * (jnp.asarray(sizes, jnp.int32)[bucket] + 1)
+    logits_BxKxL1xV, *feature = out
     bad_B = sampling.nonfinite_rows(logits_BxKxL1xV)
     nodes_B = jnp.full((b,), positions)
-    return Scored(probs(logits_BxKxL1xV), cache, bad_B, None, nodes_B, positions)
+    q_BxKxL1xV = probs(logits_BxKxL1xV)
+    return Scored(q_BxKxL1xV, cache, bad_B, None, nodes_B, positions, *feature)
 
   def commit(self, target: Decoder, cache: KVCache, tail_B, path_node_BxKxL1, num_B):
     """Appends the first num_B entries of tail tail_B to the prefix."""
@@ -97,7 +106,7 @@ class Tree:
     return (1, tree.capacity(num_drafts, draft_len))
 
   def score(self, target: Decoder, params, cache: KVCache, last_B, drafts_BxKxL,
-            probs: Callable, length_BxK=None) -> Scored:  # fmt: skip
+            probs: Callable, length_BxK=None, features: bool = False) -> Scored:  # fmt: skip
     """The tree's first n nodes, n the smallest of `tree.node_buckets` that holds every
     row's tree (one compiled target call per size, under the round's one data-dependent
     conditional); each path reads q from its nodes. The mask and the probabilities are
@@ -111,21 +120,24 @@ class Tree:
 
     def branch(n):
       def run(cache):
-        logits_BxnxV, cache = target.extend_tree(
-          params, t.tokens_BxN[:, :n], t.depth_BxN[:, :n], visible_BxNxN[:, :n, :n], cache
-        )
-        return jnp.pad(logits_BxnxV, ((0, 0), (0, capacity - n), (0, 0))), cache
+        *out, cache = target.extend_tree(
+          params, t.tokens_BxN[:, :n], t.depth_BxN[:, :n], visible_BxNxN[:, :n, :n], cache,
+          return_features=features,
+        )  # fmt: skip
+        return tuple(jnp.pad(a, ((0, 0), (0, capacity - n), (0, 0))) for a in out), cache
 
       return run
 
     bucket = tree.bucket_index(t.num_nodes_B, sizes)
-    logits_BxNxV, cache = jax.lax.switch(bucket, [branch(n) for n in sizes], cache)
+    (logits_BxNxV, *feature), cache = jax.lax.switch(bucket, [branch(n) for n in sizes], cache)
     real_BxN = jnp.arange(capacity) < t.num_nodes_B[:, None]
     bad_B = sampling.nonfinite_rows(jnp.where(real_BxN[..., None], logits_BxNxV, 0.0))
-    q_BxNxV = probs(logits_BxNxV)
-    q_BxKxL1xV = jax.vmap(lambda q_NxV, node_KxL1: q_NxV[node_KxL1])(q_BxNxV, t.path_node_BxKxL1)
+    # Each path reads its nodes' rows: q, and the features where the draft reads them.
+    on_paths = jax.vmap(lambda a_NxX, node_KxL1: a_NxX[node_KxL1])
+    q_BxKxL1xV = on_paths(probs(logits_BxNxV), t.path_node_BxKxL1)
+    feature = [on_paths(f_BxNxD, t.path_node_BxKxL1) for f_BxNxD in feature]
     positions = jnp.asarray(sizes, jnp.int32)[bucket]
-    return Scored(q_BxKxL1xV, cache, bad_B, t.path_node_BxKxL1, t.num_nodes_B, positions)
+    return Scored(q_BxKxL1xV, cache, bad_B, t.path_node_BxKxL1, t.num_nodes_B, positions, *feature)
 
   def commit(self, target: Decoder, cache: KVCache, tail_B, path_node_BxKxL1, num_B):
     """Appends the nodes of path tail_B's first num_B positions to the prefix."""

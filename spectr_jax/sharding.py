@@ -24,6 +24,7 @@ axis has devices keeps its query projection replicated too (one matmul per layer
 instead of three, for that sharding).
 """
 
+import dataclasses
 import os
 import pathlib
 import re
@@ -50,7 +51,8 @@ RULES: Mapping[str, str | None] = {
 }
 FSDP_RULES: Mapping[str, str | None] = {**RULES, "embed": DATA_AXIS}
 
-# The logical axes of the KV cache's fields (`spectr_jax.models.KVCache`).
+# The logical axes of the KV cache's fields (`spectr_jax.models.KVCache`, and the two a
+# draft head's cache adds: `spectr_jax.models.head.HeadCache`).
 CACHE_AXES: Mapping[str, tuple[str, ...]] = {
   "prefix_k": ("layers", "batch", "seq", "kv_heads", "head_dim"),
   "prefix_v": ("layers", "batch", "seq", "kv_heads", "head_dim"),
@@ -58,6 +60,8 @@ CACHE_AXES: Mapping[str, tuple[str, ...]] = {
   "tail_k": ("layers", "batch", "drafts", "tail", "kv_heads", "head_dim"),
   "tail_v": ("layers", "batch", "drafts", "tail", "kv_heads", "head_dim"),
   "tail_len": ("batch", "drafts"),
+  "pending_features": ("batch", "pending", "embed"),
+  "tail_features": ("batch", "drafts", "embed"),
 }
 
 
@@ -280,8 +284,8 @@ def cache_specs(cache: Any, mesh: Mesh | jax.sharding.AbstractMesh, skip_batch=F
   rules = {**RULES, "batch": None} if skip_batch else RULES
   return type(cache)(
     **{
-      name: logical_spec(axes, getattr(cache, name).shape, mesh, rules)
-      for name, axes in CACHE_AXES.items()
+      f.name: logical_spec(CACHE_AXES[f.name], getattr(cache, f.name).shape, mesh, rules)
+      for f in dataclasses.fields(cache)
     }
   )
 

@@ -21,6 +21,7 @@ from spectr_jax.models import layers, layout
 from spectr_jax.models.cache import KVCache
 from spectr_jax.models.config import ModelConfig
 from spectr_jax.models.families import family_of
+from spectr_jax.models.head import HeadConfig, HeadDecoder
 from spectr_jax.models.transformer import Transformer
 
 
@@ -28,11 +29,20 @@ from spectr_jax.models.transformer import Transformer
 class Decoder(Protocol):
   """A decoder LM with the speculative-decoding cache of docs/CACHE.md.
 
+  Every call that runs the model takes `return_features` (static): it then also returns
+  the last layer's output at the same positions, x_...xD (what a draft head reads:
+  `spectr_jax.models.head`), between the logits and the cache.
+
   Attributes:
     config: the model hyper-parameters.
+    reads_features: the model drafts from a target's features (a head): the round hands
+      it the target's features of the tokens it has not seen (`receive`).
+    cache_class: the type of its cache (`KVCache`, or a subclass with more fields).
   """
 
   config: ModelConfig
+  reads_features: bool
+  cache_class: type
 
   @property
   def num_logits(self) -> int:
@@ -53,9 +63,16 @@ class Decoder(Protocol):
     (default config.max_len) slots."""
 
   def prefill(
-    self, params: Any, tokens_BxP: jax.Array, lengths_B: jax.Array, cache: KVCache
+    self,
+    params: Any,
+    tokens_BxP: jax.Array,
+    lengths_B: jax.Array,
+    cache: KVCache,
+    features_BxPxD: jax.Array | None = None,
+    return_features: bool = False,
   ) -> tuple[jax.Array, KVCache]:
-    """Stores right-padded prompts as the cache prefix: (logits_BxPxV, cache)."""
+    """Stores right-padded prompts as the cache prefix: (logits_BxPxV, cache). A head
+    reads the target's features of the prompt (features_BxPxD); other models none."""
 
   def extend(
     self,
@@ -65,6 +82,7 @@ class Decoder(Protocol):
     num_new_B: jax.Array | None = None,
     logits_at_B: jax.Array | None = None,
     tails_empty: bool = False,
+    return_features: bool = False,
   ) -> tuple[jax.Array, KVCache]:
     """Appends T tokens to each of the K tails: (logits_BxKxTxV, or logits_BxKxV at
     logits_at_B, and the cache). With tails_empty (static) the caller knows every tail
@@ -78,6 +96,10 @@ class Decoder(Protocol):
     the drafting seam computes each distinct draft prefix once with it (`extend` on the
     distinct tails, then their entries spread back to the tails that share them)."""
 
+  def receive(self, cache: KVCache, features_Bx2xD: jax.Array) -> KVCache:
+    """Hands a head the target's features of its 1 or 2 pending tokens (each token's
+    predecessor's); a model that reads no features returns the cache as it is."""
+
   def extend_tree(
     self,
     params: Any,
@@ -85,6 +107,7 @@ class Decoder(Protocol):
     depth_BxN: jax.Array,
     visible_BxNxN: jax.Array,
     cache: KVCache,
+    return_features: bool = False,
   ) -> tuple[jax.Array, KVCache]:
     """Scores a token tree of N nodes per row in one call: (logits_BxNxV, cache).
 
@@ -115,6 +138,8 @@ class TransformerDecoder:
   """
 
   config: ModelConfig
+  reads_features = False
+  cache_class = KVCache
 
   @property
   def module(self) -> Transformer:
@@ -151,9 +176,18 @@ class TransformerDecoder:
     return cache_lib.init_cache(config, batch_size, num_tails, tail_capacity)
 
   def prefill(
-    self, params: Any, tokens_BxP: jax.Array, lengths_B: jax.Array, cache: KVCache
+    self,
+    params: Any,
+    tokens_BxP: jax.Array,
+    lengths_B: jax.Array,
+    cache: KVCache,
+    features_BxPxD: jax.Array | None = None,
+    return_features: bool = False,
   ) -> tuple[jax.Array, KVCache]:
-    return self._apply(params, tokens_BxP, lengths_B, cache, method=Transformer.prefill)
+    return self._apply(
+      params, tokens_BxP, lengths_B, cache, features_BxPxD, return_features,
+      method=Transformer.prefill,
+    )  # fmt: skip
 
   def extend(
     self,
@@ -163,16 +197,22 @@ class TransformerDecoder:
     num_new_B: jax.Array | None = None,
     logits_at_B: jax.Array | None = None,
     tails_empty: bool = False,
+    return_features: bool = False,
   ) -> tuple[jax.Array, KVCache]:
     return self._apply(
-      params, tokens_BxKxT, cache, num_new_B, logits_at_B, tails_empty, method=Transformer.extend
-    )
+      params, tokens_BxKxT, cache, num_new_B, logits_at_B, tails_empty, None, return_features,
+      method=Transformer.extend,
+    )  # fmt: skip
 
   def commit(self, cache: KVCache, tail_B: jax.Array, num_B: jax.Array) -> KVCache:
     return cache_lib.commit(cache, tail_B, num_B)
 
   def take_tails(self, cache: KVCache, tails_BxW: jax.Array) -> KVCache:
     return cache_lib.take_tails(cache, tails_BxW)
+
+  def receive(self, cache: KVCache, features_Bx2xD: jax.Array) -> KVCache:
+    del features_Bx2xD
+    return cache
 
   def extend_tree(
     self,
@@ -181,15 +221,12 @@ class TransformerDecoder:
     depth_BxN: jax.Array,
     visible_BxNxN: jax.Array,
     cache: KVCache,
+    return_features: bool = False,
   ) -> tuple[jax.Array, KVCache]:
     return self._apply(
-      params,
-      tokens_BxN,
-      depth_BxN,
-      visible_BxNxN,
-      cache,
+      params, tokens_BxN, depth_BxN, visible_BxNxN, cache, return_features,
       method=Transformer.extend_tree,
-    )
+    )  # fmt: skip
 
   def commit_nodes(self, cache: KVCache, slots_BxW: jax.Array, num_B: jax.Array) -> KVCache:
     return cache_lib.commit_nodes(cache, slots_BxW, num_B)
@@ -205,6 +242,8 @@ def decoder(config: ModelConfig) -> Decoder:
     ValueError: an unknown family, or options the family does not take.
   """
   family_of(config)
+  if isinstance(config, HeadConfig):
+    return HeadDecoder(config)
   return TransformerDecoder(config)
 
 

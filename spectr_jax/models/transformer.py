@@ -91,7 +91,11 @@ class Transformer(nn.Module):
       self.layers = [_Layer(cfg) for _ in range(cfg.num_layers)]
     self.final_norm = family.norm(cfg)
 
-  def _embed(self, tokens_XxT: jax.Array, pos_XxT: jax.Array) -> jax.Array:
+  def _embed(self, tokens_XxT: jax.Array, pos_XxT: jax.Array, features_XxTxD=None) -> jax.Array:
+    """The stack's input: the tokens' embeddings (input features are a draft head's:
+    `spectr_jax.models.head`)."""
+    if features_XxTxD is not None:
+      raise ValueError("a transformer reads tokens only: input features are a head's")
     x_XxTxD = self.embed(tokens_XxT)
     if self.pos_embed is not None:
       x_XxTxD = x_XxTxD + self.pos_embed(pos_XxT)
@@ -120,29 +124,37 @@ class Transformer(nn.Module):
       return x_XxD, new_kv[0]
     return x_XxD, jax.tree.map(lambda *xs: jnp.stack(xs), *new_kv)
 
-  def _causal(self, tokens_BxT: jax.Array, keep_kv: bool):
-    """The causal forward at positions 0..T-1: logits and (with keep_kv) every layer's
-    (k_YxBxTxHkxDh, v_YxBxTxHkxDh)."""
+  def _causal(self, tokens_BxT: jax.Array, keep_kv: bool, features_BxTxD=None):
+    """The causal forward at positions 0..T-1: the last layer's output x_BxTxD (the
+    features a draft head reads) and (with keep_kv) every layer's (k_YxBxTxHkxDh,
+    v_YxBxTxHkxDh)."""
     b, t = tokens_BxT.shape
     pos_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
-    x_BxTxD = self._embed(tokens_BxT, pos_BxT)
-    x_BxTxD, kv = self._stack(x_BxTxD, attention.Causal(pos_BxT, keep_kv))
-    return self._logits(x_BxTxD), kv
+    x_BxTxD = self._embed(tokens_BxT, pos_BxT, features_BxTxD)
+    return self._stack(x_BxTxD, attention.Causal(pos_BxT, keep_kv))
 
-  def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
+  def __call__(self, tokens_BxT: jax.Array, features_BxTxD=None, return_features=False):
     """The causal forward for training.
 
     Args:
       tokens_BxT: int token ids at positions 0..T-1.
+      features_BxTxD: a draft head's input features (`spectr_jax.models.head`).
+      return_features: also return the last layer's output x_BxTxD (static).
 
     Returns:
-      logits_BxTxV, float32; position t predicts token t + 1.
+      logits_BxTxV, float32 (position t predicts token t + 1); with return_features,
+      (logits_BxTxV, x_BxTxD).
     """
-    logits_BxTxV, _ = self._causal(tokens_BxT, keep_kv=False)
-    return logits_BxTxV
+    x_BxTxD, _ = self._causal(tokens_BxT, False, features_BxTxD)
+    return (self._logits(x_BxTxD), x_BxTxD) if return_features else self._logits(x_BxTxD)
 
   def prefill(
-    self, tokens_BxT: jax.Array, lengths_B: jax.Array, cache: KVCache
+    self,
+    tokens_BxT: jax.Array,
+    lengths_B: jax.Array,
+    cache: KVCache,
+    features_BxTxD=None,
+    return_features: bool = False,
   ) -> tuple[jax.Array, KVCache]:
     """Runs right-padded ragged prompts and stores them as the cache prefix.
 
@@ -153,19 +165,22 @@ class Transformer(nn.Module):
 
     Returns:
       logits_BxTxV (arbitrary at padded positions) and the cache with
-      prefix_len = lengths_B and empty tails.
+      prefix_len = lengths_B and empty tails; with return_features (static) the last
+      layer's output x_BxTxD between them. (features_BxTxD: a head's input features.)
     """
     t = tokens_BxT.shape[1]
     if t > cache.S:
       raise ValueError(f"prompt length {t} exceeds the cache capacity S={cache.S}")
-    logits_BxTxV, (k_YxBxTxHkxDh, v_YxBxTxHkxDh) = self._causal(tokens_BxT, keep_kv=True)
+    x_BxTxD, (k_YxBxTxHkxDh, v_YxBxTxHkxDh) = self._causal(tokens_BxT, True, features_BxTxD)
     cache = cache.replace(
       prefix_k=cache.prefix_k.at[:, :, :t].set(k_YxBxTxHkxDh.astype(cache.prefix_k.dtype)),
       prefix_v=cache.prefix_v.at[:, :, :t].set(v_YxBxTxHkxDh.astype(cache.prefix_v.dtype)),
       prefix_len=lengths_B.astype(jnp.int32),
       tail_len=jnp.zeros_like(cache.tail_len),
     )
-    return logits_BxTxV, cache
+    if return_features:
+      return self._logits(x_BxTxD), x_BxTxD, cache
+    return self._logits(x_BxTxD), cache
 
   def extend(
     self,
@@ -174,6 +189,8 @@ class Transformer(nn.Module):
     num_new_B: jax.Array | None = None,
     logits_at_B: jax.Array | None = None,
     tails_empty: bool = False,
+    features_BxKxTxD=None,
+    return_features: bool = False,
   ) -> tuple[jax.Array, KVCache]:
     """Appends T tokens to each of the K tails of every row.
 
@@ -193,13 +210,14 @@ class Transformer(nn.Module):
     Returns:
       logits_BxKxTxV (arbitrary at padded tokens), or logits_BxKxV with logits_at_B, and
       the cache with tail_len += num_new_B (padding is written past the new length,
-      never attended).
+      never attended); with return_features (static) the last layer's output at the same
+      positions between them. (features_BxKxTxD: a head's input features.)
     """
     b, k, t = tokens_BxKxT.shape
     if (b, k) != (cache.B, cache.K):
       raise ValueError(f"tokens are {b} x {k} rows x tails, the cache {cache.B} x {cache.K}")
     pos_BxKxT = cache.prefix_len[:, None, None] + cache.tail_len[:, :, None] + jnp.arange(t)
-    x_BxKxTxD = self._embed(tokens_BxKxT, pos_BxKxT)
+    x_BxKxTxD = self._embed(tokens_BxKxT, pos_BxKxT, features_BxKxTxD)
     mode = attention.Tails(cache.prefix_len, cache.tail_len, pos_BxKxT, not tails_empty)
     view = (cache.prefix_k, cache.prefix_v, cache.tail_k, cache.tail_v)
     x_BxKxTxD, (k_YxBxKxTxHkxDh, v_YxBxKxTxHkxDh) = self._stack(x_BxKxTxD, mode, view)
@@ -211,8 +229,9 @@ class Transformer(nn.Module):
     )
     if logits_at_B is not None:
       at_BxKx1x1 = jnp.broadcast_to(logits_at_B[:, None, None, None], (b, k, 1, 1))
-      x_BxKxD = jnp.take_along_axis(x_BxKxTxD, at_BxKx1x1, axis=2)[:, :, 0]
-      return self._logits(x_BxKxD), cache
+      x_BxKxTxD = jnp.take_along_axis(x_BxKxTxD, at_BxKx1x1, axis=2)[:, :, 0]
+    if return_features:
+      return self._logits(x_BxKxTxD), x_BxKxTxD, cache
     return self._logits(x_BxKxTxD), cache
 
   def extend_tree(
@@ -221,6 +240,7 @@ class Transformer(nn.Module):
     depth_BxN: jax.Array,
     visible_BxNxN: jax.Array,
     cache: KVCache,
+    return_features: bool = False,
   ) -> tuple[jax.Array, KVCache]:
     """Scores a token tree of N nodes per row in one call (docs/CACHE.md, "Token trees").
 
@@ -242,7 +262,8 @@ class Transformer(nn.Module):
 
     Returns:
       logits_BxNxV (arbitrary at padding nodes) and the cache with the nodes' keys and
-      values in slots [0, N) of tail 0.
+      values in slots [0, N) of tail 0; with return_features (static) the last layer's
+      output x_BxNxD between them.
     """
     b, n = tokens_BxN.shape
     if b != cache.B:
@@ -261,4 +282,6 @@ class Transformer(nn.Module):
       tail_k=cache.tail_k.at[:, :, 0, :n].set(k_YxBxNxHkxDh.astype(cache.tail_k.dtype)),
       tail_v=cache.tail_v.at[:, :, 0, :n].set(v_YxBxNxHkxDh.astype(cache.tail_v.dtype)),
     )
+    if return_features:
+      return self._logits(x_BxNxD), x_BxNxD, cache
     return self._logits(x_BxNxD), cache
