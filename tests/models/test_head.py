@@ -120,3 +120,19 @@ def test_broken_feature_wirings_are_caught(pair, monkeypatch):
   assert _pending_error(head, target, "kseq") > 100 * TOL
   monkeypatch.setattr(HeadDecoder, "receive", lambda self, cache, features_Bx2xD: cache)
   assert _pending_error(head, target, "kseq") > 100 * TOL
+
+
+@pytest.mark.slow
+@pytest.mark.numerics  # V = 32000: the optimised build
+@pytest.mark.parametrize("method, settings", [("kseq", {}), ("rrs", dict(dedup=True))])
+def test_a_head_decodes_the_target_law_at_an_llm_vocabulary(method, settings):
+  """`check_engine` at V = 32k with a head on the random target: every emitted position,
+  on tails and on dedup rounds."""
+  from spectr_jax.testing import check_engine
+  from spectr_jax.testing.engine_check import random_pair
+
+  _, target = random_pair(32_000, 0)
+  config = HeadConfig.of(target.config, 1)
+  params = share_target(decoder(config).init_params(jax.random.key(5)), target.params)
+  report = check_engine(method, pair=(ModelBundle(config, params), target), **settings)
+  assert report.passed, report.markdown()
