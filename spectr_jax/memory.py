@@ -199,9 +199,10 @@ def cache_bytes(
   config = dataclasses.replace(config, max_len=cache_len)
   cache = jax.eval_shape(lambda: init_cache(config, batch_size, num_drafts, draft_len + 1))
   specs = sharding.cache_specs(cache, mesh)
+  names = [f.name for f in dataclasses.fields(cache)]
   return sum(
-    shard_bytes(getattr(cache, name).shape, getattr(cache, name).dtype, getattr(specs, name), mesh)
-    for name in sharding.CACHE_AXES
+    shard_bytes(getattr(cache, n).shape, getattr(cache, n).dtype, getattr(specs, n), mesh)
+    for n in names
   )
 
 
