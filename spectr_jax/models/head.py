@@ -162,6 +162,8 @@ class HeadDecoder:
     reads the target's features (`receive`); later calls (T = 1) the head's own output
     after each tail's last token."""
     b, k, t = tokens_BxKxT.shape
+    if logits_at_B is None and t != 1:
+      raise ValueError("a head returns the logits of one position per tail: give logits_at_B")
     if tails_empty:
       if t > 2:
         raise ValueError(f"a head's opening call takes the 1 or 2 pending tokens, got T = {t}")
@@ -179,8 +181,6 @@ class HeadDecoder:
     cache = cache.replace(tail_features=x_BxKxD.astype(jnp.float32))
     if logits_at_B is None:  # the caller asked for every position: T = 1 here
       logits_BxKxV, x_BxKxD = logits_BxKxV[:, :, None], x_BxKxD[:, :, None]
-      if t != 1:
-        raise ValueError("a head's opening call returns the logits of one position per tail")
     return (logits_BxKxV, x_BxKxD, cache) if return_features else (logits_BxKxV, cache)
 
   def take_tails(self, cache: HeadCache, tails_BxW) -> HeadCache:
