@@ -20,7 +20,9 @@ All functions are jit/vmap-able with static shapes and work in float32. A fixed 
 traced, so sweeping it does not recompile.
 """
 
+import dataclasses
 import functools
+import importlib
 import warnings
 from collections.abc import Callable
 from typing import NamedTuple
@@ -304,6 +306,10 @@ def walk(key, drafts_KxL, p_KxLxV, q_KxL1xV, rho_value, verifier=None, rho_mode:
       DeprecationWarning, stacklevel=2,
     )  # fmt: skip
     verifier = _REGISTRY["get"](method or verifier)
+  if isinstance(verifier.verify, str):  # the deprecated "module:function" form, imported
+    module, _, name = verifier.verify.partition(":")
+    verify_fn = getattr(importlib.import_module(module), name)
+    verifier = dataclasses.replace(verifier, verify=verify_fn)
   if verifier.level == "none":
     return _sample_target(key, q_KxL1xV)
   if verifier.level == "block":
