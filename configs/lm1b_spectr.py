@@ -10,6 +10,9 @@ ARG (comma-separated, see `configs.common.parse_arg`):
   path=DIR         the LM1B text directory (lm1b_text) or TFDS data_dir (tfds);
   plain_draft      decode with the plain draft (trained on the data) instead of the
                    default, that draft distilled against the target (configs/distill.py);
+  head             decode with a draft head reading the target's features
+                   (configs/head.py, in $SPECTR_WORKDIR/head);
+  head_separate    decode with the head's separate draft of equal cost (head-separate);
   pair=NAME,draft_dir=DIR,target_dir=DIR
                    an open-weight pair instead of the embedded one (configs/pretrained.py:
                    smollm2, qwen2.5, llama3, gemma2, gpt2 or any two directories).
@@ -22,7 +25,7 @@ main job, scripts/reproduce.sh, passes it).
 
 import ml_collections
 
-from configs import common, distill, draft, pretrained, target
+from configs import common, distill, draft, head, pretrained, target
 from spectr_jax import methods, sweep_config
 
 # Every registered method: the paper's, the optimal verifier, the block-level verifiers
@@ -30,7 +33,15 @@ from spectr_jax import methods, sweep_config
 METHODS = methods.names()
 
 # The ARG items every sweep config takes (configs/rho_ablation.py too).
-ARGS = dict(runlocal=False, test=False, source="embedded", path="", plain_draft=False)
+ARGS = dict(
+  runlocal=False,
+  test=False,
+  source="embedded",
+  path="",
+  plain_draft=False,
+  head=False,
+  head_separate=False,
+)
 ARGS.update(pretrained.ARGS)
 
 
@@ -44,7 +55,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.pair.kind = "embedded"  # Trained by this repository from the configs below.
   c.pair.target = target.get_config(pair_arg)
   c.pair.target_workdir = "target" + suffix
-  if arg.test or arg.plain_draft:  # The test pair and the baseline: the plain draft.
+  if arg.head or arg.head_separate:  # A draft head, or its separate draft of equal cost.
+    c.name += "-head" + ("-separate" if arg.head_separate else "")
+    c.pair.draft = head.get_config(pair_arg + (",separate" if arg.head_separate else ""))
+    c.pair.draft_workdir = "head" + ("-separate" if arg.head_separate else "") + suffix
+  elif arg.test or arg.plain_draft:  # The test pair and the baseline: the plain draft.
     c.pair.draft = draft.get_config(pair_arg)
     c.pair.draft_workdir = "draft" + suffix
   else:  # The draft distilled against the target (docs/DISTILLATION.md), from the plain one.

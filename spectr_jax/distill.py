@@ -3,7 +3,9 @@
 A distillation step (`spectr_jax.train` with `TrainConfig.distill` on) scores its rows
 with the draft being trained and the frozen target in the same jitted step and minimises
 a divergence between their next-token distributions p and q, both under the decoding
-transform the draft will serve (`sampling.transform_probs`). The rows come from the
+transform the draft will serve (`sampling.transform_probs`). A draft head
+(`spectr_jax.models.head`) reads the target's features of the same rows and the
+target's embedding, which stay frozen. The rows come from the
 corpus, from the target (sampled continuations of training-row starts) or from the
 current draft (on-policy: sampled by the draft, scored by the target), or a mix; the
 samples of step `i` use keys derived from `(seed, i)`, so a resumed run is exact.
@@ -24,7 +26,8 @@ import numpy as np
 from spectr_jax import acceptance, engine, runs, sampling
 from spectr_jax.data import PAD_ID, Dataset, TokenizedSplit, make_prompts
 from spectr_jax.decode_spec import DecodeSpec
-from spectr_jax.models import ModelBundle, Transformer
+from spectr_jax.models import ModelBundle, Transformer, decoder
+from spectr_jax.models.head import Head, share_target
 from spectr_jax.pair_config import resolve
 from spectr_jax.train_config import DISTILL_SOURCES, DistillConfig, TrainConfig
 
@@ -68,9 +71,38 @@ def divergence(p_AxV: jax.Array, q_AxV: jax.Array, name: str, skew: float = 0.5)
   raise ValueError(f"unknown divergence {name!r}")
 
 
-def _probs(model: Transformer, params: Any, tokens_BxT: jax.Array, config: DistillConfig):
-  logits_BxTxV = model.apply({"params": params}, tokens_BxT)
+def _probs(logits_BxTxV: jax.Array, config: DistillConfig) -> jax.Array:
   return sampling.transform_probs(logits_BxTxV, **config.transform())
+
+
+def draft_logits(
+  draft: Transformer,
+  params: Any,
+  tokens_BxT: jax.Array,
+  target_params: Any = None,
+  features_BxTxD: jax.Array | None = None,
+) -> jax.Array:
+  """The draft's logits of whole rows, logits_BxTxV.
+
+  A head (`models.head.Head`) reads the target's features of the same rows
+  (`features_BxTxD`, the target's `return_features`) and the target's shared arrays
+  (`share_target`), which get no gradient; another draft reads its tokens only.
+  """
+  if not isinstance(draft, Head):
+    return draft.apply({"params": params}, tokens_BxT)
+  if features_BxTxD is None:
+    raise ValueError("a head's logits read the target's features of the same rows")
+  shared = share_target(params, jax.lax.stop_gradient(target_params))
+  return decoder(draft.config).logits(shared, tokens_BxT, features_BxTxD)
+
+
+def _both_probs(draft, params, target, target_params, tokens_BxT, config):
+  """(p, q): the draft's and the target's transformed next-token laws of whole rows."""
+  q_logits_BxTxV, features_BxTxD = target.apply(
+    {"params": target_params}, tokens_BxT, return_features=True
+  )
+  p_logits_BxTxV = draft_logits(draft, params, tokens_BxT, target_params, features_BxTxD)
+  return _probs(p_logits_BxTxV, config), _probs(q_logits_BxTxV, config)
 
 
 def distill_loss(
@@ -87,7 +119,7 @@ def distill_loss(
     params: the draft's parameters (differentiated).
     target_params: the frozen target's (no gradient flows to them).
     rows: {source: int32 rows [B_s, W_s]}; position t predicts token t + 1.
-    draft, target: the two modules.
+    draft, target: the two modules (a draft head reads the target's features).
     config: the divergence and the decoding transform.
 
   Returns:
@@ -97,8 +129,7 @@ def distill_loss(
   target_params = jax.lax.stop_gradient(target_params)
   for rows_BxW in rows.values():
     inputs_BxT, next_BxT = rows_BxW[:, :-1], rows_BxW[:, 1:]
-    p_BxTxV = _probs(draft, params, inputs_BxT, config)
-    q_BxTxV = _probs(target, target_params, inputs_BxT, config)
+    p_BxTxV, q_BxTxV = _both_probs(draft, params, target, target_params, inputs_BxT, config)
     d_BxT = divergence(p_BxTxV, q_BxTxV, config.divergence, config.skew)
     mask_BxT = (next_BxT != PAD_ID).astype(jnp.float32)
     total, count = total + jnp.sum(d_BxT * mask_BxT), count + jnp.sum(mask_BxT)
@@ -261,10 +292,10 @@ def initial_params(config: TrainConfig) -> Any | None:
 def _alignment_sums(draft, target, tokens_BxW, pos_BxT, config, num_drafts):
   """[sum of sum_x min(p, q), sum of alpha*] over the sampled positions."""
   p_BxTxV, q_BxTxV = (
-    jnp.take_along_axis(
-      _probs(m.model, m.params, tokens_BxW, config), (pos_BxT - 1)[..., None], axis=1
+    jnp.take_along_axis(probs, (pos_BxT - 1)[..., None], axis=1)
+    for probs in _both_probs(
+      draft.model, draft.params, target.model, target.params, tokens_BxW, config
     )
-    for m in (draft, target)
   )
   vocab = p_BxTxV.shape[-1]
   p_XxV, q_XxV = p_BxTxV.reshape(-1, vocab), q_BxTxV.reshape(-1, vocab)

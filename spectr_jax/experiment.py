@@ -394,6 +394,7 @@ def _run_sweep(config, pair, provenance_config, writer):
       num_devices=1 if mesh is None else mesh.size,
       draft_params=pair.description["draft_params"],
       target_params=pair.description["target_params"],
+      draft_kind="head" if pair.draft.decoder.reads_features else "model",
     )
     if writer:
       results.append_record(results_dir / results.RESULTS_FILE, record)

@@ -3,20 +3,15 @@
 import dataclasses
 import pathlib
 
-from spectr_jax.data import default_workdir
+from spectr_jax.data.config import resolve
 from spectr_jax.models import ModelConfig
 from spectr_jax.schema import Schema
 from spectr_jax.schema import integers as _integers
-from spectr_jax.train_config import TrainConfig, saved_train_config
+from spectr_jax.train_config import HEAD, TrainConfig, saved_train_config
 
 __all__ = ["PAIR_KINDS", "PairConfig", "resolve"]
 
 PAIR_KINDS = ("embedded", "trained", "pretrained")
-
-
-def resolve(path: str | pathlib.Path) -> pathlib.Path:
-  """`path` itself when absolute, else relative to $SPECTR_WORKDIR."""
-  return default_workdir() / pathlib.Path(path).expanduser()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,12 +84,14 @@ class PairConfig(Schema):
 
   def model_configs(self) -> list[ModelConfig]:
     """The models' configs as far as known before loading: from the run folders'
-    config.json where they exist, else from the training configs (none for pretrained)."""
-    found = []
+    config.json where they exist, else from the training configs (none for pretrained;
+    a draft head's from its target's)."""
     if self.kind == "pretrained":
       return []
-    for workdir, train in zip(self.workdirs, (self.draft, self.target), strict=True):
-      train = saved_train_config(workdir) or train
-      if train is not None:
-        found.append(train.model_config())
-    return found
+    found = {}
+    for role in ("target", "draft"):
+      workdir = dict(zip(("draft", "target"), self.workdirs, strict=True))[role]
+      train = saved_train_config(workdir) or getattr(self, role)
+      if train is not None and (train.model != HEAD or "target" in found):
+        found[role] = train.model_config(found.get("target"))
+    return [found[role] for role in ("draft", "target") if role in found]

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spectr_jax import runs, sharding, train
+from spectr_jax import distill, runs, sharding, train
 from spectr_jax.data import (
   RESERVED,
   DataConfig,
@@ -140,6 +140,19 @@ def _trained_model(
     raise _missing(role, None, workdir, str(error)) from error
 
 
+def _check_head_target(head: pathlib.Path, target: pathlib.Path) -> None:
+  """Raises ValueError unless the head in `head` was trained against the target in
+  `target` (the fingerprint of its parameters that the head's checkpoint records)."""
+  trained_with = runs.checkpoint_meta(head).get("distill_target")
+  found = distill.fingerprint(runs.load_bundle(target))
+  if trained_with != found:
+    raise ValueError(
+      f"the head in {head} was trained against a target with parameters {trained_with}, "
+      f"not the pair's target in {target} ({found}): its features would not be the ones "
+      "it learned to read (train the head again against this target)"
+    )
+
+
 def load_pair(config: PairConfig, mesh: jax.sharding.Mesh | None = None) -> Pair:
   """Loads the pair that `config` describes (see `config.PairConfig`), onto `mesh` by
   `sharding.RULES` when given (each tensor placed as it is read; see `shard`).
@@ -161,6 +174,8 @@ def load_pair(config: PairConfig, mesh: jax.sharding.Mesh | None = None) -> Pair
     != runs.load_tokenizer(dirs["target"]).model_proto
   ):
     raise ValueError(f"{dirs['draft']} and {dirs['target']} use different tokenizers")
+  if models["draft"].decoder.reads_features:
+    _check_head_target(dirs["draft"], dirs["target"])
   target_run = runs.load_config(dirs["target"])
   return make_pair(
     models["draft"],

@@ -521,6 +521,17 @@ def records_for(
   return [records[k] for k in keys if k in records]
 
 
+def _draft_note(records: Sequence[dict[str, Any]]) -> str:
+  """One line: which kind of draft the records decoded with, and its size."""
+  kinds = {(r.get("draft_kind", "model"), r["draft_params"], r["target_params"]) for r in records}
+  named = {"head": "a draft head reading the target's features", "model": "a separate model"}
+  return (
+    "Draft: "
+    + "; ".join(f"{named[kind]}, {d:,} parameters (target {t:,})" for kind, d, t in sorted(kinds))
+    + "."
+  )
+
+
 def _model_note(costs: metrics.CostTable | None, records: Sequence[dict[str, Any]]) -> str:
   """What the predicted speedup rests on, under the decoding table."""
   if costs is None:
@@ -577,7 +588,8 @@ def write_report(
   exact = [r for r in rows if r["exact"] is True]
   inexact = [r for r in rows if r["exact"] is not True]
   table = decoding_columns(costs)
-  text = [f"## Decoding ({results_dir.name})", "", markdown_table(exact, table), ""]
+  text = [f"## Decoding ({results_dir.name})", "", _draft_note(records), ""]
+  text += [markdown_table(exact, table), ""]
   text += [_model_note(costs, records), "", recommendation(rows, costs), ""]
   if inexact:
     text += [

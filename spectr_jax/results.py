@@ -124,6 +124,9 @@ RECORD_FIELDS: dict[str, Field] = {
   "num_devices": Field("int"),
   "draft_params": Field("int"),
   "target_params": Field("int"),
+  # "head": a draft head reading the target's features; "model": a separate draft
+  # (older records lack it: separate drafts).
+  "draft_kind": Field("str", required=False),
 }
 
 

@@ -2,7 +2,10 @@
 
 A run trains on the next-token loss of the corpus or, with `TrainConfig.distill` on,
 distills the model against a frozen target (`spectr_jax.distill`: the divergence, the
-data sources and the held-out alignment metrics).
+data sources and the held-out alignment metrics). A draft head (`TrainConfig.model`
+"head") trains its own layers only: the target's embedding and output layer it reads
+are frozen (`models.head.SHARED`), and its checkpoints hold the copies it was trained
+with, so a head loads on its own.
 
 Training batch `i` is a pure function of `(config.seed, i)` (and, for sampled
 distillation rows, of the parameters at step `i`) and the step has no other randomness,
@@ -27,7 +30,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from spectr_jax import distill, locks, runs, sharding
 from spectr_jax.data import BOS_ID, PAD_ID, Dataset, TrainBatches, heldout_rows, load_dataset
 from spectr_jax.models import ModelBundle, Transformer, count_params, init_params, param_axes
-from spectr_jax.train_config import TrainConfig
+from spectr_jax.models.head import SHARED, share_target
+from spectr_jax.train_config import HEAD, TrainConfig
 
 
 @struct.dataclass
@@ -56,7 +60,8 @@ def decayed(config: TrainConfig) -> Any:
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-  """Returns gradient clipping plus AdamW on a warm-up + cosine-decay schedule."""
+  """Returns gradient clipping plus AdamW on a warm-up + cosine-decay schedule (a head's
+  shared arrays frozen: their updates are zero)."""
   schedule = optax.warmup_cosine_decay_schedule(
     init_value=0.0,
     peak_value=config.learning_rate,
@@ -64,7 +69,7 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     decay_steps=max(config.num_steps, config.warmup_steps + 1),
     end_value=config.learning_rate * config.min_lr_ratio,
   )
-  return optax.chain(
+  adamw = optax.chain(
     optax.clip_by_global_norm(config.grad_clip_norm),
     optax.adamw(
       schedule,
@@ -74,10 +79,17 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
       mask=decayed(config),
     ),
   )
+  if config.model != HEAD:
+    return adamw
+  shared = {
+    name: jax.tree.map(lambda _, n=name: n in SHARED, tree, is_leaf=lambda x: isinstance(x, tuple))
+    for name, tree in param_axes(config.model_config()).items()
+  }
+  return optax.chain(adamw, optax.masked(optax.set_to_zero(), shared))
 
 
 def token_nll(
-  params: Any, model: Transformer, tokens_BxT1: jax.Array
+  params: Any, model: Transformer, tokens_BxT1: jax.Array, target: ModelBundle | None = None
 ) -> tuple[jax.Array, jax.Array]:
   """Next-token negative log-likelihoods of packed rows.
 
@@ -85,12 +97,20 @@ def token_nll(
     params: model parameters.
     model: the module.
     tokens_BxT1: int32 rows [B, T + 1]; the model reads the first T tokens.
+    target: a head's target, whose features of the same rows the head reads.
 
   Returns:
     nll_BxT (float32) and targets_BxT (the next tokens).
   """
   inputs_BxT, targets_BxT = tokens_BxT1[:, :-1], tokens_BxT1[:, 1:]
-  logits_BxTxV = model.apply({"params": params}, inputs_BxT).astype(jnp.float32)
+  target_params, features_BxTxD = None, None
+  if target is not None:
+    target_params = target.params
+    _, features_BxTxD = target.model.apply(
+      {"params": target_params}, inputs_BxT, return_features=True
+    )
+  logits_BxTxV = distill.draft_logits(model, params, inputs_BxT, target_params, features_BxTxD)
+  logits_BxTxV = logits_BxTxV.astype(jnp.float32)
   return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, targets_BxT), targets_BxT
 
 
@@ -118,18 +138,21 @@ def _train_step(
 
 
 @functools.partial(jax.jit, static_argnums=2)
-def _eval_step(params: Any, tokens_BxT1: jax.Array, model: Transformer) -> jax.Array:
+def _eval_step(params: Any, tokens_BxT1: jax.Array, model: Transformer, target) -> jax.Array:
   """Returns [sum of NLL, count] over targets that are neither PAD nor BOS."""
-  nll_BxT, targets_BxT = token_nll(params, model, tokens_BxT1)
+  nll_BxT, targets_BxT = token_nll(params, model, tokens_BxT1, target)
   mask_BxT = ((targets_BxT != PAD_ID) & (targets_BxT != BOS_ID)).astype(jnp.float32)
   return jnp.stack([jnp.sum(nll_BxT * mask_BxT), jnp.sum(mask_BxT)])
 
 
-def heldout_loss(bundle: ModelBundle, rows_ExT1: np.ndarray, batch_size: int) -> float:
+def heldout_loss(
+  bundle: ModelBundle, rows_ExT1: np.ndarray, batch_size: int, target: ModelBundle | None = None
+) -> float:
   """Mean next-token NLL (nats) of held-out rows, over tokens that are not PAD or BOS.
 
   Args:
     bundle: the model.
+    target: a head's target (the head reads its features).
     rows_ExT1: int32 packed rows [E, T + 1].
     batch_size: rows per forward pass (the last batch is padded with PAD rows).
 
@@ -140,7 +163,8 @@ def heldout_loss(bundle: ModelBundle, rows_ExT1: np.ndarray, batch_size: int) ->
   for start in range(0, len(rows_ExT1), batch_size):
     batch = rows_ExT1[start : start + batch_size]
     pad = np.full((batch_size - len(batch), batch.shape[1]), PAD_ID, np.int32)
-    total += np.asarray(_eval_step(bundle.params, np.concatenate([batch, pad]), bundle.model))
+    rows_BxT1 = np.concatenate([batch, pad])
+    total += np.asarray(_eval_step(bundle.params, rows_BxT1, bundle.model, target))
   return float(total[0] / max(total[1], 1.0))
 
 
@@ -211,21 +235,25 @@ class _Progress:
     )
 
 
+def _fresh_params(config: TrainConfig) -> Any:
+  return init_params(config.model_config(), jax.random.fold_in(jax.random.key(config.seed), 0))
+
+
 def _init_state(
   config: TrainConfig, optimizer: optax.GradientTransformation, params: Any = None
 ) -> TrainState:
   """Step 0: fresh parameters (or the given ones) and a fresh optimizer state."""
   if params is None:
-    key = jax.random.fold_in(jax.random.key(config.seed), 0)
-    params = init_params(config.model_config(), key)
+    params = _fresh_params(config)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
 
 
 def _start_state(
-  config: TrainConfig, manager, optimizer, shardings: TrainState
+  config: TrainConfig, manager, optimizer, shardings: TrainState, target: ModelBundle | None
 ) -> tuple[TrainState, int, dict[str, Any]]:
   """The state to train from: the newest checkpoint's, or a fresh one (from
-  `distill.init_workdir` when set), with its step and meta ({} when fresh).
+  `distill.init_workdir` when set; a head's reading the target's shared arrays), with
+  its step and meta ({} when fresh).
 
   The state lands on `shardings`, whatever mesh the checkpoint was saved from.
   """
@@ -240,6 +268,9 @@ def _start_state(
   )
   if restored is None:
     params = distill.initial_params(config)
+    if config.model == HEAD:
+      fresh = _fresh_params(config) if params is None else params
+      params = share_target(fresh, target.params)
     if params is not None:
       params = sharding.put(params, shardings.params)
     state = jax.jit(lambda p: _init_state(config, optimizer, p), out_shardings=shardings)(params)
@@ -292,7 +323,7 @@ def _train(config: TrainConfig, path: pathlib.Path, stop_at_step: int | None) ->
   mesh = _mesh(config)
   replicated = NamedSharding(mesh, PartitionSpec())
   batch_sharding = NamedSharding(mesh, PartitionSpec(sharding.RULES["batch"]))
-  model = Transformer(model_config)
+  model = ModelBundle(model_config, None).model
   optimizer = make_optimizer(config)
   shardings = state_shardings(config, optimizer, mesh)
   manager = runs.checkpoint_manager(path, config)
@@ -307,7 +338,7 @@ def _train(config: TrainConfig, path: pathlib.Path, stop_at_step: int | None) ->
       distill.distill_loss, draft=model, target=target.model, config=config.distill
     )
     tokens_per_step = distill.positions_per_step(config)
-  state, start, meta = _start_state(config, manager, optimizer, shardings)
+  state, start, meta = _start_state(config, manager, optimizer, shardings, target)
   wall_time_s = meta.get("wall_time_s", 0.0)
   if start:
     logging.info("resuming %s from step %d", path, start)
@@ -358,7 +389,8 @@ def _train(config: TrainConfig, path: pathlib.Path, stop_at_step: int | None) ->
     extra = ""
     if done % config.eval_every == 0 or done == end:
       bundle = ModelBundle(model_config, state.params)
-      eval_loss = heldout_loss(bundle, eval_rows, config.batch_size)
+      head_target = target if config.model == HEAD else None
+      eval_loss = heldout_loss(bundle, eval_rows, config.batch_size, head_target)
       extra = f" heldout {eval_loss:.4f} (ppl {np.exp(eval_loss):.1f})"
       if target is not None:
         aligned = distill.alignment(bundle, target, dataset.heldout, config.distill, config.seed)

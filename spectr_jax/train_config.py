@@ -10,14 +10,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from spectr_jax.data import DataConfig
-from spectr_jax.models import ModelConfig, get_model_config
+from spectr_jax.data.config import resolve
+from spectr_jax.models import HeadConfig, ModelConfig, get_model_config
 from spectr_jax.schema import Schema
 from spectr_jax.schema import integers as _integers
 
-__all__ = ["DISTILL_SOURCES", "DIVERGENCES", "DistillConfig", "TrainConfig", "saved_train_config"]
+__all__ = [
+  "DISTILL_SOURCES",
+  "DIVERGENCES",
+  "HEAD",
+  "DistillConfig",
+  "TrainConfig",
+  "saved_train_config",
+]
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "tv", "jsd")
 DISTILL_SOURCES = ("corpus", "target", "on_policy")
+# The `TrainConfig.model` of a draft head (`spectr_jax.models.head`): its model is its
+# distillation target's, with the head's own blocks (`HeadConfig.of`).
+HEAD = "head"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +154,10 @@ class TrainConfig(Schema):
   """Everything that decides a training run.
 
   Attributes:
-    model: a name accepted by `spectr_jax.models.get_model_config`.
-    model_overrides: `ModelConfig` fields that replace the named values.
+    model: a name accepted by `spectr_jax.models.get_model_config`, or "head": a draft
+      head of the distillation target (`spectr_jax.models.head`; docs/MODELS.md).
+    model_overrides: `ModelConfig` fields that replace the named values (a head's:
+      `HeadConfig.of`'s, e.g. num_layers).
     data: the data configuration (its `vocab_size` is the model's).
     seed: seeds the initial parameters and the batch order.
     batch_size: rows per step (each `data.seq_len` tokens).
@@ -194,6 +207,13 @@ class TrainConfig(Schema):
   distill: DistillConfig = DistillConfig()
 
   def __post_init__(self):
+    if self.model == HEAD and not self.distill.enabled:
+      raise ValueError("a head trains against its target: set distill.target_workdir")
+    if self.model == HEAD and "on_policy" in self.distill.shares():
+      raise ValueError(
+        "a head drafts from its target's features, so on-policy rows would need speculative "
+        "decoding to sample: give distill.data 'corpus' and/or 'target'"
+      )
     if self.distill.enabled:
       self.distill.rows(self.batch_size)
       needed = self.distill.prompt_len + self.distill.sample_tokens + 1
@@ -203,9 +223,26 @@ class TrainConfig(Schema):
           f"{self.data.seq_len} (sampled rows are at most as long as training rows)"
         )
 
-  def model_config(self) -> ModelConfig:
-    """Returns the model's hyper-parameters."""
-    return get_model_config(self.model, self.data.vocab_size, **self.model_overrides)
+  def model_config(self, target: ModelConfig | None = None) -> ModelConfig:
+    """Returns the model's hyper-parameters.
+
+    Args:
+      target: a head's target model (None: read from `distill.target_workdir`'s run).
+
+    Raises:
+      FileNotFoundError: a head's target run has no config.json yet.
+    """
+    if self.model != HEAD:
+      return get_model_config(self.model, self.data.vocab_size, **self.model_overrides)
+    if target is None:
+      path = resolve(self.distill.target_workdir)
+      run = saved_train_config(path)
+      if run is None:
+        raise FileNotFoundError(
+          f"a head's model is its target's, and {path} holds no run yet: train the target first"
+        )
+      target = run.model_config()
+    return HeadConfig.of(target, **self.model_overrides)
 
 
 def saved_train_config(workdir: str | pathlib.Path) -> TrainConfig | None:

@@ -12,6 +12,11 @@ def default_workdir() -> pathlib.Path:
   return pathlib.Path(os.environ.get(WORKDIR_ENV) or "~/.cache/spectr_jax").expanduser()
 
 
+def resolve(path: str | pathlib.Path) -> pathlib.Path:
+  """`path` itself when absolute, else relative to $SPECTR_WORKDIR."""
+  return default_workdir() / pathlib.Path(path).expanduser()
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   """Where the text comes from, how it is tokenized and how it is cut into sequences.

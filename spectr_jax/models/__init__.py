@@ -26,6 +26,7 @@ _EXPORTS = {
   "CheckpointFormatError": "hf",
   "Decoder": "protocol",
   "Family": "family",
+  "HeadConfig": "config",
   "KVCache": "cache",
   "ModelBundle": "bundle",
   "ModelConfig": "config",

@@ -52,8 +52,8 @@ class ModelBundle:
   @property
   def model(self) -> Transformer:
     """The flax module of this config: `model.apply({"params": params}, tokens_BxT)` is
-    the causal forward (`decoder.logits`)."""
-    return Transformer(self.config)
+    the causal forward (`decoder.logits`; a head's `Head` also reads features)."""
+    return self.decoder.module
 
 
 def init_params(config: ModelConfig, key: jax.Array) -> Any:

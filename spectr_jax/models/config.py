@@ -166,6 +166,23 @@ _SIZES: dict[str, dict[str, Any]] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class HeadConfig(ModelConfig):
+  """A draft head's hyper-parameters (`spectr_jax.models.head`): its target's, with
+  num_layers counting the head's own blocks."""
+
+  @classmethod
+  def of(cls, target: ModelConfig, num_layers: int = 1, **overrides: Any) -> "HeadConfig":
+    """The head of `target` with `num_layers` blocks (`overrides`: other fields that
+    differ from the target's, e.g. mlp_dim; never d_model or the vocabulary, which the
+    head shares with its target)."""
+    shared = {"d_model", "vocab_size", "output_vocab_size"} & set(overrides)
+    if shared:
+      raise ValueError(f"a head shares {sorted(shared)} with its target: they are not options")
+    fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(ModelConfig)}
+    return cls(**{**fields, "num_layers": num_layers, **overrides})
+
+
 def get_model_config(name: str, vocab_size: int, **overrides: Any) -> ModelConfig:
   """Returns the named model size.
 

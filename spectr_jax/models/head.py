@@ -28,24 +28,13 @@ from flax.core import meta
 from spectr_jax.models import cache as cache_lib
 from spectr_jax.models import layers, layout
 from spectr_jax.models.cache import KVCache
-from spectr_jax.models.config import ModelConfig
+from spectr_jax.models.config import HeadConfig
 from spectr_jax.models.transformer import Transformer
 
 __all__ = ["Head", "HeadCache", "HeadConfig", "HeadDecoder", "SHARED", "share_target"]
 
 # The target's parameters a head reads rather than holds.
 SHARED = ("embed", "out_embedding")
-
-
-@dataclasses.dataclass(frozen=True)
-class HeadConfig(ModelConfig):
-  """A head's hyper-parameters: its target's, but num_layers counts the head's blocks."""
-
-  @classmethod
-  def of(cls, target: ModelConfig, num_layers: int = 1) -> "HeadConfig":
-    """The head of `target` with `num_layers` blocks."""
-    fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(ModelConfig)}
-    return cls(**{**fields, "num_layers": num_layers})
 
 
 @struct.dataclass
@@ -102,6 +91,12 @@ class HeadDecoder:
   @property
   def num_logits(self) -> int:
     return self.config.num_logits
+
+  @property
+  def module(self) -> Head:
+    """The flax module of the stacked layout: `apply({"params": params}, tokens_BxT,
+    features_BxTxD)` reads each position's predecessor's features (`logits` shifts)."""
+    return Head(self.config)
 
   def _apply(self, params, *args, method=None):
     module = Head(self.config, not layout.is_split(params))
