@@ -15,6 +15,10 @@ For k drafts drawn WITHOUT replacement (the "wor" scheme, `drafting.distinct_tok
   for k <= 2; for k >= 3 an unbiased estimate: no closed form at LLM vocabularies);
 - `wor_bound`: the optimum max P(Y in S) of that drafting law (prefix search, see there).
 
+For the k most likely tokens of p as drafts (the "topk" scheme, deterministic):
+
+- `topk_acceptance_X`: q's mass on them, the hit probability of "certain" and the bound.
+
 Functions are pure JAX (float32 unless x64 is enabled) and jit/vmap-able; `k` may be traced
 (except where a function says it sets a loop's length).
 """
@@ -28,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spectr_jax import checks, loops
-from spectr_jax.sampling import categorical
+from spectr_jax.sampling import categorical, top_tokens
 
 RHO_MODES = ("star", "k", "fixed")
 RHO_NAMES = ("star", "k")  # the strategies a config names (a number is the third)
@@ -615,6 +619,25 @@ def wor_bound_X(p_XxV, q_XxV, k: int) -> jax.Array:
   """`wor_bound` (the bound of drafts without replacement) at X positions at once: [X]."""
   _check_X(p_XxV, q_XxV, k)
   return _wor_X(p_XxV, q_XxV, int(k))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _topk_X(p_XxV, q_XxV, k):
+  def one(p_V, q_V):
+    tokens_K, valid_K = top_tokens(p_V, k)
+    return jnp.sum(jnp.where(valid_K, q_V[tokens_K], 0.0))
+
+  return jax.vmap(one)(p_XxV, q_XxV)
+
+
+def topk_acceptance_X(p_XxV, q_XxV, k: int) -> jax.Array:
+  """q's mass on the k most likely tokens of p (`top_tokens`), at X positions: [X].
+
+  The hit probability of "certain" on the "topk" scheme's k children of a node. It is
+  also that law's bound: an exact verifier emits Y ~ q, a hit only where Y is a draft.
+  """
+  _check_X(p_XxV, q_XxV, k)
+  return _topk_X(p_XxV, q_XxV, int(k))
 
 
 def compare_methods(p_V, q_V, k: int) -> dict[str, float]:

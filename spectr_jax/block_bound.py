@@ -41,6 +41,8 @@ __all__ = [
   "path_probs",
   "selected_path_law",
   "selection_probs",
+  "topk_multisets",
+  "topk_paths",
   "wor_multisets",
 ]
 
@@ -316,10 +318,36 @@ def wor_multisets(p_tab, num_drafts: int, draft_len: int) -> dict[tuple[int, ...
   return law
 
 
+def topk_paths(p_tab, num_drafts: int, draft_len: int) -> list[int]:
+  """The K paths of `drafting.topk_depths` with the default branching, in order (base-V
+  codes): the first tokens are the K most likely of p_tab[0, 0] (ties to the lower
+  index), each path then takes its prefix's most likely token at every depth; where s < K
+  tokens have mass, the K - s extra paths are copies of the first."""
+  p_tab = np.asarray(p_tab, np.float64)
+  vocab, first_V = p_tab.shape[-1], p_tab[0, 0]
+  order = np.argsort(-first_V, kind="stable")[:num_drafts]
+  paths = []
+  for code in (int(y) for y in order if first_V[y] > 0):
+    for t in range(1, draft_len):
+      code = code * vocab + int(np.argmax(p_tab[t, code]))
+    paths.append(code)
+  return paths + paths[:1] * (num_drafts - len(paths))
+
+
+def topk_multisets(p_tab, num_drafts: int, draft_len: int) -> dict[tuple[int, ...], float]:
+  """The law of the multiset of the K paths of `drafting.topk_depths`: one multiset,
+  probability 1 (`topk_paths`)."""
+  return {tuple(sorted(topk_paths(p_tab, num_drafts, draft_len))): 1.0}
+
+
 # The law of the multiset of draft paths of each drafting scheme (`methods.DRAFTING`), as
 # (p_tab, K, L) -> {sorted tuple of path codes: probability}: the block-level bound of a
 # method is `multiset_bound` of its scheme's law.
-MULTISETS: dict[str, Callable] = {"iid": iid_multisets, "wor": wor_multisets}
+MULTISETS: dict[str, Callable] = {
+  "iid": iid_multisets,
+  "wor": wor_multisets,
+  "topk": topk_multisets,
+}
 
 
 def block_bound(p_tab, q_tab, num_drafts: int, draft_len: int) -> float:

@@ -1,10 +1,11 @@
 """Drafting schemes: how a round draws its K draft sequences (the drafting seam).
 
 A scheme is a `Depths`, its draws depth by depth: "iid" (`iid_depths`, K i.i.d. paths of
-L tokens, SpecTr) and "wor" (`tree_depths`, a tree drawn without replacement at every
-node, docs/WITHOUT_REPLACEMENT.md). `methods.DRAFTING` names them. `draft_paths` runs
-any scheme on the draft model and returns `Drafts`; `Drafter.draft` calls it for
-`rounds.draw`. `iid` and `without_replacement` are the two schemes as whole functions:
+L tokens, SpecTr), "wor" (`tree_depths`, a tree drawn without replacement at every
+node, docs/WITHOUT_REPLACEMENT.md) and "topk" (`topk_depths`, the same trees with the
+draft's most likely tokens as children: deterministic). `methods.DRAFTING` names them.
+`draft_paths` runs any scheme on the draft model and returns `Drafts`; `Drafter.draft`
+calls it for `rounds.draw`. `iid` and `without_replacement` are the two schemes as whole functions:
 
   scheme(extend, params, cache, pending_Bx2, num_pending_B, key_B, probs, *,
          num_drafts, draft_len, take_tails=None, threshold=None) -> Drafts
@@ -41,6 +42,8 @@ __all__ = [
   "check_branching",
   "draft_paths",
   "iid_depths",
+  "top_children",
+  "topk_depths",
   "tree_depths",
   "check_branching",
   "check_distinct",
@@ -187,8 +190,10 @@ def _iid(key_BxK, p_BxKxV, source_BxK, level, node_BxKx2):
   return sample_BxK(key_BxK, p_BxKxV), source_BxK, node_BxKx2
 
 
-def _children(key_BxK, p_BxKxV, source_BxK, level, node_BxKx2, *, max_children: int):
-  """One depth of a static tree: every node draws its children without replacement.
+def _children(key_BxK, p_BxKxV, source_BxK, level, node_BxKx2, *, max_children: int,
+              pick: Callable = distinct_tokens):  # fmt: skip
+  """One depth of a static tree: every node draws its children with `pick` (without
+  replacement: `distinct_tokens`; the most likely tokens: `top_children`).
 
   A node is a block of `size` consecutive tails that share their prefix (level = (size,
   child_size): the tails of a node and of each of its children); child j is the block of
@@ -205,9 +210,7 @@ def _children(key_BxK, p_BxKxV, source_BxK, level, node_BxKx2, *, max_children: 
   static = isinstance(size, int)
   first_N = jnp.arange(0, k, size) if static else tail_K // size * size
   draw_NxJ = jnp.minimum(first_N[:, None] + jnp.arange(max_children) * child_size, k - 1)
-  x_BxNxJ, valid_BxNxJ = jax.vmap(jax.vmap(distinct_tokens))(
-    key_BxK[:, draw_NxJ], p_BxKxV[:, first_N]
-  )
+  x_BxNxJ, valid_BxNxJ = jax.vmap(jax.vmap(pick))(key_BxK[:, draw_NxJ], p_BxKxV[:, first_N])
   node_K = tail_K // size if static else tail_K
   child_K = tail_K % size // child_size
   x_BxK, valid_BxK = x_BxNxJ[:, node_K, child_K], valid_BxNxJ[:, node_K, child_K]
@@ -227,11 +230,13 @@ def shares(size, drawn_p_J, valid_J):
   return got_J.at[0].add(size - jnp.sum(got_J))
 
 
-def _proportional(key_BxK, p_BxKxV, source_BxK, level, node_BxKx2):
+def _proportional(key_BxK, p_BxKxV, source_BxK, level, node_BxKx2, *,
+                  pick: Callable = distinct_tokens):  # fmt: skip
   """One depth of a tree shaped by the draft (branching `PROPORTIONAL`): a node holding a
   block of m consecutive tails (node_BxKx2: each tail's block start and m) draws
-  children without replacement (`distinct_tokens` on the p of its first tail, draw j
-  with the key of its tail j) and gives child j `shares` of the block, in order. So a
+  children with `pick` (without replacement: `distinct_tokens` on the p of its first
+  tail, draw j with the key of its tail j; or its top tokens, `top_children`) and gives
+  child j `shares` of the block, in order. So a
   node of draft path probability P ends up with about K P of the K paths: peaked draft
   laws grow deep subtrees, flat ones wide nodes. A child's count of paths is set by the
   draws before it and its own probability, so the number of children of a node never
@@ -243,7 +248,7 @@ def _proportional(key_BxK, p_BxKxV, source_BxK, level, node_BxKx2):
   p_node_BxKxV = jnp.take_along_axis(p_BxKxV, start_BxK[..., None], 1)
   draw_BxKxJ = jnp.minimum(start_BxK[..., None] + jnp.arange(k), k - 1)
   keys_BxKxJ = jax.vmap(lambda keys, idx: keys[idx])(key_BxK, draw_BxKxJ)
-  x_BxKxJ, valid_BxKxJ = jax.vmap(jax.vmap(distinct_tokens))(keys_BxKxJ, p_node_BxKxV)
+  x_BxKxJ, valid_BxKxJ = jax.vmap(jax.vmap(pick))(keys_BxKxJ, p_node_BxKxV)
   drawn_p_BxKxJ = jnp.take_along_axis(p_node_BxKxV, x_BxKxJ, -1)
   got_BxKxJ = jax.vmap(jax.vmap(shares))(size_BxK, drawn_p_BxKxJ, valid_BxKxJ)
   end_BxKxJ = jnp.cumsum(got_BxKxJ, -1)
@@ -415,16 +420,37 @@ def tree_depths(num_drafts: int, draft_len: int, branching=None) -> Depths:
   """The tree drawn without replacement: at depth t every node has branching[t]
   children drawn without replacement from the draft (`distinct_tokens`); branching None
   is (K, 1, ..., 1), `PROPORTIONAL` shapes the tree by the draft's probabilities."""
+  return _static_tree(num_drafts, draft_len, branching, distinct_tokens)
+
+
+def topk_depths(num_drafts: int, draft_len: int, branching=None) -> Depths:
+  """The tree of the draft's most likely tokens: the shapes of `tree_depths`, with child
+  j of every node the draft's j-th most likely token (`top_children`). Deterministic:
+  the tree is a function of the context; the keys are not read."""
+  return _static_tree(num_drafts, draft_len, branching, top_children)
+
+
+def top_children(key_K, p_V):
+  """A node's K children in the field's mode: the K most likely tokens of p, in order
+  (ties to the lower index; `sampling.top_tokens`). The signature of `distinct_tokens`;
+  key_K sets K only. Children beyond the tokens with mass are invalid (as there)."""
+  return sampling.top_tokens(p_V, key_K.shape[0])
+
+
+def _static_tree(num_drafts: int, draft_len: int, branching, pick: Callable) -> Depths:
+  """The depths of a tree whose nodes take their children from `pick` (key_K, p_V) ->
+  (tokens_K, valid_K): the shape `branching` (None: (K, 1, ..., 1); `PROPORTIONAL`)."""
   branching = default_branching(num_drafts, draft_len) if branching is None else branching
   check_branching(branching, num_drafts, draft_len)
   if branching == PROPORTIONAL:
-    return Depths(_proportional, _proportional, ((1, 1),) * draft_len)
+    shaped = functools.partial(_proportional, pick=pick)
+    return Depths(shaped, shaped, ((1, 1),) * draft_len)
   levels, size = [], num_drafts
   for children in branching:
     levels.append((size, size // children))
     size //= children
-  first = functools.partial(_children, max_children=branching[0])
-  draw = functools.partial(_children, max_children=max(branching[1:], default=1))
+  first = functools.partial(_children, max_children=branching[0], pick=pick)
+  draw = functools.partial(_children, max_children=max(branching[1:], default=1), pick=pick)
   return Depths(first, draw, tuple(levels))
 
 

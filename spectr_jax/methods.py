@@ -146,6 +146,19 @@ DRAFTING: dict[str, Drafting] = {
       check=drafting.check_distinct,
       branches=True,
     ),
+    Drafting(
+      name="topk",
+      depths=drafting.topk_depths,
+      bound=acceptance.topk_acceptance_X,
+      bound_label="target mass on the top-k draft tokens",
+      summary="the field's mode: the static trees of wor, child j of every node the "
+      "draft's j-th most likely token (ties to the lower index; deterministic: EAGLE, "
+      "arXiv 2401.15077; SpecInfer, arXiv 2305.09781); where a node has fewer tokens "
+      "with mass than children, the extra children copy the first child's subtree",
+      check=drafting.check_distinct,
+      branches=True,
+      verifiers=("certain",),
+    ),
   )
 }
 
@@ -305,6 +318,18 @@ METHODS: dict[str, Method] = {
       acceptance=acceptance.rrs_acceptance_X,
       label="RRS w/o replacement",
       compare_with=("specinfer", "kseq", "optimal"),
+    ),
+    Method(
+      name="certain",
+      level="token",
+      verify=verify.certain_verdict,
+      summary="verification of a deterministic tree as serving engines do it (vLLM, "
+      "SGLang): Y ~ q at each node, on to the child equal to Y, else Y ends the round; "
+      "the draft law is not read",
+      drafting="topk",
+      acceptance=acceptance.topk_acceptance_X,
+      label="certain (top-k tree)",
+      compare_with=("rrs", "traversal"),
     ),
     Method(
       name="block",

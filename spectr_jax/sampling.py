@@ -131,6 +131,27 @@ def categorical(key: jax.Array, weights_V: jax.Array) -> jax.Array:
   return categorical_from_bits(jax.random.bits(key, (2,), jnp.uint32), weights_V)
 
 
+def top_tokens(p_V: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """The k most likely tokens of p, most likely first; ties go to the lower index.
+
+  Only tokens with positive mass count (NaN counts as 0). Where s < k tokens have mass,
+  entries s + 1..k are marked invalid and repeat the first token.
+
+  Args:
+    p_V: non-negative weights (float32 or float64).
+    k: how many tokens (static).
+
+  Returns:
+    (tokens_K int32, valid_K bool): valid_K[i] = i < number of tokens with p > 0.
+  """
+  mass_V = jnp.where(p_V > 0, p_V, 0.0)
+  if k > p_V.shape[-1]:  # more tokens than the vocabulary: the padding has no mass
+    mass_V = jnp.pad(mass_V, [(0, 0)] * (p_V.ndim - 1) + [(0, k - p_V.shape[-1])])
+  values_K, tokens_K = jax.lax.top_k(mass_V, k)
+  valid_K = values_K > 0
+  return jnp.where(valid_K, tokens_K, tokens_K[..., :1]).astype(jnp.int32), valid_K
+
+
 def transform_probs(logits_AxV, temperature, *, top_k=None, top_p=None, greedy=None):
   """Logits -> the sampling distribution after temperature, top-k and top-p.
 

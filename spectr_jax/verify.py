@@ -9,6 +9,8 @@ a token Y ~ q exactly, with whether Y came from the accept branch:
 - `optimal`: the OT-optimal verifier that reaches alpha* (`spectr_jax.optimal`).
 - `rrs`: recursive rejection without replacement, for distinct drafts drawn without
   replacement (`drafting.distinct_tokens`; Jeon et al., RSD, arXiv 2402.14160).
+- `certain_verdict`: Y ~ q, a hit where a draft equals it, for drafts that are a
+  deterministic function of the context (the "topk" tree: `drafting.topk_depths`).
 
 Each has a verdict function `<name>_verdict(key, drafts_K, p_V, q_V, valid_K) ->
 Verdict` (K-SEQ also takes rho_mode, rho_value): the signature the method registry
@@ -41,6 +43,7 @@ __all__ = [
   "BlockVerdict",
   "Verdict",
   "WalkStats",
+  "certain_verdict",
   "kseq",
   "kseq_verdict",
   "optimal",
@@ -156,6 +159,22 @@ def rrs_verdict(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
   (r_V, _, accepted, token), _ = loops.scan(stage, init, (drafts_K, valid_K, u_K))
   y = categorical(residual_key, r_V)
   return Verdict(jnp.where(accepted, token, y).astype(jnp.int32), accepted)
+
+
+def certain_verdict(key, drafts_K, p_V, q_V, valid_K) -> Verdict:
+  """The engines' verification of a deterministic tree (token-level verify function):
+  draw Y ~ q; the walk moves to the valid draft equal to Y, else emits Y and stops.
+
+  Each draft is verified as if the draft were certain of it (p one-hot on it): recursive
+  rejection then accepts child j with probability r_j(x_j), which is this draw. The
+  draft law p_V is not read. The output is q at every position whatever the drafts, as
+  long as they do not depend on this key: so any tree the draft builds is exact. (On
+  sampled drafts it stays exact, as it never reads how they were drawn, but there it
+  hits only q's mass on the drawn tokens; the registry pairs it with "topk" only.)
+  """
+  del p_V
+  y = categorical(key, q_V)
+  return Verdict(y.astype(jnp.int32), jnp.any(valid_K & (drafts_K == y)))
 
 
 def _bind_rho(fn: Callable, takes_rho: bool, rho_mode: str, rho_value) -> Callable:

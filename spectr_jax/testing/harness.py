@@ -6,8 +6,9 @@ a `Report`: one row per case, with what each row would detect. The checks, their
 and what passing means: docs/NEW_VERIFIER.md, section 2.
 
 - "law": small random trees. Every draft tuple the law can draw is enumerated with its
-  exact probability w_t ("wor": `wor_reference.static_tree_law`). The verifier's own
-  randomness is sampled, M_t draws for tuple t in proportion to w_t. The mixture estimate
+  exact probability w_t ("wor": `wor_reference.static_tree_law`; "topk": its one tree,
+  `block_bound.topk_paths`). The verifier's own randomness is sampled, M_t draws for
+  tuple t in proportion to w_t. The mixture estimate
   sum_t w_t P^_t is compared with `sequences.target_law` by a Wald chi-square. Its
   covariance is the exact stratified one, sum_t w_t^2 (diag(P_t) - P_t P_t^T) / M_t, with
   P_t estimated and outcomes of small expected count pooled. Any mass on an outcome of
@@ -59,7 +60,9 @@ __all__ = [
   "token_walk",
 ]
 
-LAWS = ("iid", "wor")
+LAWS = ("iid", "wor", "topk")
+# The laws whose first tokens are distinct (later depths continue each path alone).
+_DISTINCT_FIRST = ("wor", "topk")
 BELOW_ONE = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
 # Enumeration limit: draft tuples per case.
 _MAX_TUPLES = 4096
@@ -170,6 +173,9 @@ def draft_tuples(p_tab, num_drafts: int, draft_len: int, law: str):
       raise ValueError(f"{len(law_map)} draft tuples to enumerate (limit {_MAX_TUPLES})")
     codes = np.array(list(law_map), np.int64).reshape(-1, num_drafts)
     return codes, np.array(list(law_map.values()), np.float64)
+  if law == "topk":  # deterministic: one tuple
+    codes = block_bound.topk_paths(np.asarray(p_tab, np.float64), num_drafts, draft_len)
+    return np.array([codes], np.int64), np.ones(1)
   raise ValueError(f"unknown drafting law {law!r}; expected one of {LAWS}")
 
 
@@ -317,11 +323,11 @@ def forced_randomness(values: dict):
 
 def _boundary_drafts(law, k, draft_len, allowed, hit, vocab):
   """Draft paths that hit (path 0 is `allowed` throughout) or miss (no path starts with
-  it); under "wor" the first tokens are distinct (paths continue alone)."""
+  it); under "wor" and "topk" the first tokens are distinct (paths continue alone)."""
   forbidden = [t for t in range(vocab) if t != allowed]
   paths = []
   for i in range(k):
-    if law == "wor":
+    if law in _DISTINCT_FIRST:
       first = allowed if (hit and i == 0) else forbidden[(i - hit) % len(forbidden)]
     else:
       first = allowed if (hit and i == 0) else forbidden[i % len(forbidden)]
@@ -344,7 +350,7 @@ def _boundary_rows(block_fn, law, drafts: Sequence[int], vocab: int = 4):
   with forced_randomness(values):
     jitted = jax.jit(run)
     for k, draft_len in itertools.product(drafts, (1, 3)):
-      if law == "wor" and k > vocab - 1:
+      if law in _DISTINCT_FIRST and k > vocab - 1:
         continue
       bad, runs = [], 0
       for allowed, hit, uniform, word in itertools.product(
@@ -384,7 +390,8 @@ def _large_vocab_rows(block_fn, law, k, draft_len, vocab, samples, seed, key, le
   """Every position's law at a large vocabulary, the bonus included: draft and target laws
   that differ by depth but not by prefix (`sequences.llm_like` per depth), K drafts drawn
   by the law (i.i.d.; "wor": K distinct first tokens by Gumbel-top-k, each path then
-  continuing alone), each block verified and completed by target draws. Under an exact
+  continuing alone; "topk": the K most likely first tokens, each path then continuing
+  with the most likely token), each block verified and completed by target draws. Under an exact
   verifier the completed token at position t is distributed as that depth's target law;
   per position, its Pearson chi-square in `num_bins` equal-mass bins of that law. Returns
   (row, {"binned law": p-value}) per position."""
@@ -402,6 +409,9 @@ def _large_vocab_rows(block_fn, law, k, draft_len, vocab, samples, seed, key, le
     for t, depth_key in enumerate(jax.random.split(draft_key, draft_len)):
       if law == "wor" and t == 0:  # K distinct tokens in drawn order: Gumbel-top-k
         x_K = jax.lax.top_k(logp_LxV[0] + jax.random.gumbel(depth_key, (vocab,)), k)[1]
+      elif law == "topk":  # deterministic: the K most likely first, then the most likely
+        x_K = sampling.top_tokens(p_LxV[t], k if t == 0 else 1)[0]
+        x_K = jnp.broadcast_to(x_K, (k,))
       else:
         x_K = jax.vmap(sampling.categorical, (0, None))(jax.random.split(depth_key, k), p_LxV[t])
       columns.append(x_K.astype(jnp.int32))
@@ -556,7 +566,7 @@ def check_verifier(
       by `token_walk`), block level fn(key, drafts_KxL, p_KxLxV, q_KxL1xV) ->
       BlockVerdict. Bind extra keyword arguments (K-SEQ's rho) with functools.partial.
     level: "token" or "block".
-    laws: the drafting laws it claims exactness for ("iid", "wor").
+    laws: the drafting laws it claims exactness for ("iid", "wor", "topk").
     name: how the report names it.
     seed: trees and keys.
     quick: the first `QUICK` law cases with `QUICK_DRAWS` each, a small V = 32k run.

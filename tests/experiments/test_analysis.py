@@ -59,8 +59,10 @@ def test_summary_separates_below_rho_star_from_invalid():
   p, q = _pairs(2, 3)
   metrics = analysis.position_metrics(jnp.asarray(p), jnp.asarray(q), 2, ("star", 1.0))
   rows = {r["strategy"]: r for r in analysis.summarize_metrics(metrics, 2, ("star", 1.0))}
-  assert list(rows) == ["rho*", "rho=1", "specinfer", "optimal", "rrs"]
+  assert list(rows) == ["rho*", "rho=1", "specinfer", "optimal", "rrs", "certain"]
   assert rows["rrs"]["drafting"] == "wor" and rows["specinfer"]["drafting"] == "iid"
+  # Top-k trees: "certain" reaches its law's bound (q's mass on the top-k tokens).
+  assert rows["certain"]["drafting"] == "topk" and rows["certain"]["gap"] == 0.0
   assert rows["rrs"]["optimal"] == pytest.approx(float(np.mean(metrics["optimal:wor"]["hit"])))
   assert rows["specinfer"]["bound"] == "optimal alpha*"
   assert rows["rho=1"]["below_star"] == 1.0  # rho* = 1.5 at both positions ...
