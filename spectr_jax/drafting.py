@@ -5,7 +5,8 @@ L tokens, SpecTr), "wor" (`tree_depths`, a tree drawn without replacement at eve
 node, docs/WITHOUT_REPLACEMENT.md) and "topk" (`topk_depths`, the same trees with the
 draft's most likely tokens as children: deterministic). `methods.DRAFTING` names them.
 `draft_paths` runs any scheme on the draft model and returns `Drafts`; `Drafter.draft`
-calls it for `rounds.draw`. `iid` and `without_replacement` are the two schemes as whole functions:
+calls it for `rounds.draw`. `iid` and `without_replacement` are the first two schemes as
+whole functions:
 
   scheme(extend, params, cache, pending_Bx2, num_pending_B, key_B, probs, *,
          num_drafts, draft_len, take_tails=None, threshold=None) -> Drafts
@@ -236,9 +237,9 @@ def _proportional(key_BxK, p_BxKxV, source_BxK, level, node_BxKx2, *,
   block of m consecutive tails (node_BxKx2: each tail's block start and m) draws
   children with `pick` (without replacement: `distinct_tokens` on the p of its first
   tail, draw j with the key of its tail j; or its top tokens, `top_children`) and gives
-  child j `shares` of the block, in order. So a
-  node of draft path probability P ends up with about K P of the K paths: peaked draft
-  laws grow deep subtrees, flat ones wide nodes. A child's count of paths is set by the
+  child j `shares` of the block, in order. So a node of draft path probability P ends up
+  with about K P of the K paths: peaked draft laws grow deep subtrees, flat ones wide
+  nodes. A child's count of paths is set by the
   draws before it and its own probability, so the number of children of a node never
   depends on their tokens, and recursive rejection without replacement stays exact.
   """

@@ -391,10 +391,10 @@ def _large_vocab_rows(block_fn, law, k, draft_len, vocab, samples, seed, key, le
   that differ by depth but not by prefix (`sequences.llm_like` per depth), K drafts drawn
   by the law (i.i.d.; "wor": K distinct first tokens by Gumbel-top-k, each path then
   continuing alone; "topk": the K most likely first tokens, each path then continuing
-  with the most likely token), each block verified and completed by target draws. Under an exact
-  verifier the completed token at position t is distributed as that depth's target law;
-  per position, its Pearson chi-square in `num_bins` equal-mass bins of that law. Returns
-  (row, {"binned law": p-value}) per position."""
+  with the most likely token), each block verified and completed by target draws. Under
+  an exact verifier the completed token at position t is distributed as that depth's
+  target law; per position, its Pearson chi-square in `num_bins` equal-mass bins of that
+  law. Returns (row, {"binned law": p-value}) per position."""
   num_bins = 32
   pairs = [sequences.llm_like([seed, t], vocab) for t in range(draft_len + 1)]
   p_LxV = jnp.asarray(np.stack([p for p, _ in pairs[:draft_len]]), jnp.float32)
