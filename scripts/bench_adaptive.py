@@ -186,10 +186,10 @@ def paired(runs, against) -> str:
     for config, (_, base_counts, base_s, _) in bases.items():
       entry = {"config": row["config"], "against": f"{config} ({', '.join(names[config])})"}
       for key, num, den in RATIOS:
-        entry[key] = _ratio(counts[num], counts[den], base_counts[num], base_counts[den])
+        entry[key] = paired_text(counts[num], counts[den], base_counts[num], base_counts[den])
       entry["tokens_per_s"] = (
         None if seconds is None or base_s is None
-        else _ratio(counts["emitted"], seconds, base_counts["emitted"], base_s)
+        else paired_text(counts["emitted"], seconds, base_counts["emitted"], base_s)
       )  # fmt: skip
       entries.append(entry)
   columns = [("config", "adaptive", "{}"), ("against", "static", "{}")]
@@ -260,7 +260,7 @@ def main(argv):
   print(paired(runs, budget_against))
 
 
-def _ratio(num_a, den_a, num_b, den_b) -> str:
+def paired_text(num_a, den_a, num_b, den_b) -> str:
   """'ratio [lower, upper]' of (sum num_a / sum den_a) / (sum num_b / sum den_b)."""
   ratio, lower, upper = report.paired_ratio(
     *(np.asarray(x)[None] for x in (num_a, den_a, num_b, den_b))

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spectr_jax import plan, rounds
+from spectr_jax import engine, plan, rounds, sharding
 from spectr_jax.decode_spec import DecodeSpec
 from spectr_jax.models import ModelBundle, decoder
 from spectr_jax.models.head import HeadConfig, HeadDecoder, share_target
@@ -136,3 +136,24 @@ def test_a_head_decodes_the_target_law_at_an_llm_vocabulary(method, settings):
   params = share_target(decoder(config).init_params(jax.random.key(5)), target.params)
   report = check_engine(method, pair=(ModelBundle(config, params), target), **settings)
   assert report.passed, report.markdown()
+
+
+@pytest.mark.slow
+def test_a_head_on_a_mesh_gives_the_tokens_of_one_device(pair):
+  """A head's parameters and its two feature caches split like the target's: on a (2, 4)
+  mesh (rows over "data"; heads, MLP and vocabulary over "model"), the tokens of one
+  device (random-weight models: no last-bit difference flips a draw here)."""
+  head, target = pair
+  rng = np.random.default_rng(5)
+  vocab = target.config.vocab_size
+  prompts, lengths = rng.integers(0, vocab, (8, 5)).astype(np.int32), rng.integers(1, 6, 8)
+  spec = DecodeSpec(method="kseq", num_drafts=2, draft_len=2, max_new_tokens=8)
+
+  def tokens(mesh):
+    out = engine.generate(
+      jax.random.key(4), spec, draft=head, target=target, prompts=prompts,
+      prompt_lengths=lengths, prompt_ids=np.arange(8), mesh=mesh,
+    )  # fmt: skip
+    return np.asarray(out.tokens_BxT)
+
+  np.testing.assert_array_equal(tokens(sharding.make_mesh(2, 4)), tokens(None))
