@@ -81,28 +81,37 @@ def draft_logits(
   tokens_BxT: jax.Array,
   target_params: Any = None,
   features_BxTxD: jax.Array | None = None,
-) -> jax.Array:
-  """The draft's logits of whole rows, logits_BxTxV.
+  steps: int = 1,
+) -> list[jax.Array]:
+  """The draft's logits of whole rows: [logits_BxTxV] per unrolled step.
 
   A head (`models.head.Head`) reads the target's features of the same rows
   (`features_BxTxD`, the target's `return_features`) and the target's shared arrays
-  (`share_target`), which get no gradient; another draft reads its tokens only.
+  (`share_target`), which get no gradient. With `steps` > 1, each later step reads the
+  previous step's output instead of the target's features, as drafting does beyond a
+  round's first depth (EAGLE-3's training-time test, Li et al., arXiv 2503.01840, in
+  whole-row form). Another draft reads its tokens only (one step).
   """
   if not isinstance(draft, Head):
-    return draft.apply({"params": params}, tokens_BxT)
+    return [draft.apply({"params": params}, tokens_BxT)]
   if features_BxTxD is None:
     raise ValueError("a head's logits read the target's features of the same rows")
   shared = share_target(params, jax.lax.stop_gradient(target_params))
-  return decoder(draft.config).logits(shared, tokens_BxT, features_BxTxD)
+  head, out = decoder(draft.config), []
+  for _ in range(steps):
+    logits_BxTxV, features_BxTxD = head.logits(shared, tokens_BxT, features_BxTxD, True)
+    out.append(logits_BxTxV)
+  return out
 
 
-def _both_probs(draft, params, target, target_params, tokens_BxT, config):
-  """(p, q): the draft's and the target's transformed next-token laws of whole rows."""
+def _both_probs(draft, params, target, target_params, tokens_BxT, config, steps=1):
+  """([p per step], q): the draft's and the target's transformed next-token laws of
+  whole rows."""
   q_logits_BxTxV, features_BxTxD = target.apply(
     {"params": target_params}, tokens_BxT, return_features=True
   )
-  p_logits_BxTxV = draft_logits(draft, params, tokens_BxT, target_params, features_BxTxD)
-  return _probs(p_logits_BxTxV, config), _probs(q_logits_BxTxV, config)
+  p_logits = draft_logits(draft, params, tokens_BxT, target_params, features_BxTxD, steps)
+  return [_probs(x, config) for x in p_logits], _probs(q_logits_BxTxV, config)
 
 
 def distill_loss(
@@ -113,7 +122,8 @@ def distill_loss(
   target: Transformer,
   config: DistillConfig,
 ) -> jax.Array:
-  """Mean divergence over the positions of every source's rows whose next token is not PAD.
+  """Mean divergence over the positions of every source's rows whose next token is not PAD
+  (a head's: over its `config.head_steps` unrolled steps too).
 
   Args:
     params: the draft's parameters (differentiated).
@@ -129,10 +139,12 @@ def distill_loss(
   target_params = jax.lax.stop_gradient(target_params)
   for rows_BxW in rows.values():
     inputs_BxT, next_BxT = rows_BxW[:, :-1], rows_BxW[:, 1:]
-    p_BxTxV, q_BxTxV = _both_probs(draft, params, target, target_params, inputs_BxT, config)
-    d_BxT = divergence(p_BxTxV, q_BxTxV, config.divergence, config.skew)
+    steps = config.head_steps if isinstance(draft, Head) else 1
+    p_list, q_BxTxV = _both_probs(draft, params, target, target_params, inputs_BxT, config, steps)
     mask_BxT = (next_BxT != PAD_ID).astype(jnp.float32)
-    total, count = total + jnp.sum(d_BxT * mask_BxT), count + jnp.sum(mask_BxT)
+    for p_BxTxV in p_list:
+      d_BxT = divergence(p_BxTxV, q_BxTxV, config.divergence, config.skew)
+      total, count = total + jnp.sum(d_BxT * mask_BxT), count + jnp.sum(mask_BxT)
   return total / jnp.maximum(count, 1.0)
 
 
@@ -291,11 +303,11 @@ def initial_params(config: TrainConfig) -> Any | None:
 @functools.partial(jax.jit, static_argnames=("config", "num_drafts"))
 def _alignment_sums(draft, target, tokens_BxW, pos_BxT, config, num_drafts):
   """[sum of sum_x min(p, q), sum of alpha*] over the sampled positions."""
+  p_list, q_BxTxV = _both_probs(
+    draft.model, draft.params, target.model, target.params, tokens_BxW, config
+  )
   p_BxTxV, q_BxTxV = (
-    jnp.take_along_axis(probs, (pos_BxT - 1)[..., None], axis=1)
-    for probs in _both_probs(
-      draft.model, draft.params, target.model, target.params, tokens_BxW, config
-    )
+    jnp.take_along_axis(probs, (pos_BxT - 1)[..., None], axis=1) for probs in (p_list[0], q_BxTxV)
   )
   vocab = p_BxTxV.shape[-1]
   p_XxV, q_XxV = p_BxTxV.reshape(-1, vocab), q_BxTxV.reshape(-1, vocab)

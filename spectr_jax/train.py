@@ -109,7 +109,7 @@ def token_nll(
     _, features_BxTxD = target.model.apply(
       {"params": target_params}, inputs_BxT, return_features=True
     )
-  logits_BxTxV = distill.draft_logits(model, params, inputs_BxT, target_params, features_BxTxD)
+  logits_BxTxV = distill.draft_logits(model, params, inputs_BxT, target_params, features_BxTxD)[0]
   logits_BxTxV = logits_BxTxV.astype(jnp.float32)
   return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, targets_BxT), targets_BxT
 

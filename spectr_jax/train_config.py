@@ -59,6 +59,9 @@ class DistillConfig(Schema):
       sum min(p, q) and the K = 8 alpha* along target samples) at each evaluation.
     eval_tokens: tokens sampled from the target after each of them. These two, unlike
       the top-level logistics fields, must match when a run resumes.
+    head_steps: a draft head's unrolled steps per row: the first reads the target's
+      features, each later one the head's own output, as drafting does past a round's
+      first depth (`distill.draft_logits`); the loss averages them.
   """
 
   target_workdir: str = ""
@@ -73,6 +76,7 @@ class DistillConfig(Schema):
   sample_tokens: int = 64
   eval_prompts: int = 64
   eval_tokens: int = 64
+  head_steps: int = 1
 
   def __post_init__(self):
     if self.divergence not in DIVERGENCES:
@@ -90,7 +94,7 @@ class DistillConfig(Schema):
     if not (isinstance(self.top_p, numbers.Real) and 0 < self.top_p <= 1):
       raise ValueError(f"distill.top_p must lie in (0, 1], got {self.top_p!r}")
     _integers("distill.top_k", [self.top_k], 0)
-    for name in ("prompt_len", "sample_tokens", "eval_prompts", "eval_tokens"):
+    for name in ("prompt_len", "sample_tokens", "eval_prompts", "eval_tokens", "head_steps"):
       _integers(f"distill.{name}", [getattr(self, name)], 1)
     if not self.target_workdir and (self.init_workdir or self.data != "corpus"):
       raise ValueError(

@@ -13,8 +13,8 @@ from configs import lm1b_spectr
 from configs import target as target_config
 from spectr_jax import distill, engine, pairs, runs, train
 from spectr_jax.decode_spec import DecodeSpec
-from spectr_jax.models import HeadConfig, ModelBundle, get_model_config
-from spectr_jax.models.head import SHARED
+from spectr_jax.models import HeadConfig, ModelBundle, decoder, get_model_config
+from spectr_jax.models.head import SHARED, share_target
 from spectr_jax.pair_config import PairConfig
 from spectr_jax.sweep_config import SweepConfig
 from spectr_jax.train_config import DistillConfig, TrainConfig
@@ -72,6 +72,16 @@ def test_a_head_step_lowers_the_divergence_and_leaves_the_target_arrays(tiny_tar
         jax.tree.leaves(state.params[name]), jax.tree.leaves(target.params[name]), strict=True
       ):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  # Two unrolled steps: the second reads the first's output, not the target's features.
+  tokens = rows["corpus"][:, :-1]
+  _, features = target.model.apply({"params": target.params}, tokens, return_features=True)
+  first, second = distill.draft_logits(head, params, tokens, target.params, features, steps=2)
+  shared = share_target(params, target.params)
+  _, own = decoder(model_config).logits(shared, tokens, features, True)
+  np.testing.assert_allclose(second, decoder(model_config).logits(shared, tokens, own), atol=1e-5)
+  assert not np.allclose(first, second, atol=1e-3)
+  two_steps = dataclasses.replace(config.distill, head_steps=2)
+  assert float(distill.distill_loss(params, target.params, rows, head, target.model, two_steps)) > 0
   changed = jax.tree.leaves(state.params["fc"])[0]
   assert not np.array_equal(np.asarray(changed), np.asarray(jax.tree.leaves(params["fc"])[0]))
 
