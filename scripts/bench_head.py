@@ -42,7 +42,7 @@ FLAGS = flags.FLAGS if __name__ == "__main__" else flags.FlagValues()
 _WORKDIR = flags.DEFINE_string(
   "workdir", str(data.default_workdir()), "Where the runs are.", flag_values=FLAGS
 )
-_HEAD = flags.DEFINE_string("head", "head", "The head's run.", flag_values=FLAGS)
+_HEADS = flags.DEFINE_list("heads", ["head"], "The heads' runs.", flag_values=FLAGS)
 _SEPARATE = flags.DEFINE_string(
   "separate", "head-separate", "The separate draft of equal cost.", flag_values=FLAGS
 )
@@ -84,13 +84,11 @@ def load_drafts(workdir: pathlib.Path, small: bool):
     drafts = {"head": ModelBundle(head_config, head)}
     drafts["separate"] = ModelBundle(separate_config, separate)
     return target, drafts, None
-  runs = {"head": _HEAD.value, "separate": _SEPARATE.value}
-  if _REFERENCE.value:
-    runs["reference"] = _REFERENCE.value
+  names = [*_HEADS.value, _SEPARATE.value] + ([_REFERENCE.value] if _REFERENCE.value else [])
   drafts, target, heldout = {}, None, None
-  for name, run in runs.items():
+  for run in names:
     pair = pairs.load_pair(PairConfig("trained", str(workdir / run), str(workdir / "target")))
-    drafts[name], target, heldout = pair.draft, pair.target, pair.heldout
+    drafts[run], target, heldout = pair.draft, pair.target, pair.heldout
   return target, drafts, heldout
 
 
@@ -133,19 +131,19 @@ def rates(counts, ratio, spec):
   }
 
 
-GRID_COLUMNS = [
-  ("config", "config", "{}"),
-  ("be_head", "tokens / round, head", "{:.3f}"),
-  ("be_separate", "... separate", "{:.3f}"),
-  ("be_reference", "... reference", "{:.3f}"),
-  ("ratio", "head / separate [95%]", "{}"),
-  ("tpp_head", "tokens / target position, head", "{:.4f}"),
-  ("tpp_separate", "... separate", "{:.4f}"),
-  ("speedup_head", "projected speedup, head", "{:.2f}"),
-  ("speedup_separate", "... separate", "{:.2f}"),
-]
+def grid_columns(names, heads, separate):
+  """The grid table's columns: per draft its tokens per round, tokens per target position
+  and projected speedup; per head its paired ratio to the separate draft."""
+  columns = [("config", "config", "{}")]
+  for key, title, form in (("be", "tokens / round", "{:.3f}"),
+                           ("tpp", "tokens / target position", "{:.4f}"),
+                           ("speedup", "projected speedup", "{:.2f}")):  # fmt: skip
+    columns += [(f"{key}_{n}", f"{title}, {n}", form) for n in names]
+  return columns + [(f"ratio_{h}", f"{h} / {separate} [95%]", "{}") for h in heads]
+
+
 FIELD_COLUMNS = [
-  ("config", "config (head)", "{}"),
+  ("config", "config", "{}"),
   ("nodes", "scored nodes / round", "{:.2f}"),
   ("be", "tokens / round", "{:.3f}"),
   ("tpp", "tokens / target position", "{:.4f}"),
@@ -158,6 +156,8 @@ def main(argv):
   del argv
   small = _SMALL.value
   target, drafts, heldout = load_drafts(pathlib.Path(_WORKDIR.value), small)
+  heads = ["head"] if small else _HEADS.value
+  separate = "separate" if small else _SEPARATE.value
   num, max_new, batch = (4, 6, 2) if small else (_PROMPTS.value, _MAX_NEW.value, _BATCH.value)
   tokens, lengths = prompts_for(heldout, num, 8, target.config.vocab_size)
   target_n = count_params(target.params)
@@ -188,34 +188,36 @@ def main(argv):
 
   grid = specs_of(_METHODS.value, [int(k) for k in _DRAFTS.value], [int(n) for n in _LENS.value],
                   max_new)  # fmt: skip
-  print(f"## The K x L grid: the head against the separate draft (target {target_n:,})\n")
+  print(f"## The K x L grid: heads against the separate draft (target {target_n:,})\n")
   table = []
   for spec in grid:
     counts = {name: decode(spec, d, target, tokens, lengths, batch) for name, d in drafts.items()}
     row = {"config": label(spec)}
     for name, c in counts.items():
       row |= {f"{key}_{name}": v for key, v in rates(c, ratios[name], spec).items()}
-    head, separate = counts["head"], counts["separate"]
-    row["ratio"] = paired_text(
-      head["emitted"], head["rounds"], separate["emitted"], separate["rounds"]
-    )
+    base = counts[separate]
+    for head in heads:
+      row[f"ratio_{head}"] = paired_text(
+        counts[head]["emitted"], counts[head]["rounds"], base["emitted"], base["rounds"]
+      )
     table.append(row)
     print(f"  {row['config']}: done", flush=True)
-  print(tables.markdown(table, GRID_COLUMNS), "", sep="\n")
+  print(tables.markdown(table, grid_columns(list(drafts), heads, separate)), "", sep="\n")
 
-  print("## Equal nodes per round, the head drafting: the field's mode against sampled drafts\n")
+  print(f"## Equal nodes per round, {heads[-1]} drafting: the field's mode and sampled drafts\n")
   field = []
   for tree in _FIELD_TREES.value:
     k, n = (int(x) for x in tree.split(":"))
     base = DecodeSpec(method="certain", drafting="topk", num_drafts=k, draft_len=n,
                       max_new_tokens=max_new)  # fmt: skip
-    base_counts = decode(base, drafts["head"], target, tokens, lengths, batch)
-    field.append({"config": label(base), **rates(base_counts, ratios["head"], base)})
+    head = drafts[heads[-1]]
+    base_counts = decode(base, head, target, tokens, lengths, batch)
+    field.append({"config": label(base), **rates(base_counts, ratios[heads[-1]], base)})
     for text in _SAMPLED.value:
       method, _, drafting = text.partition("/")
       spec = base.replace(method=method, drafting=drafting)
-      counts = decode(spec, drafts["head"], target, tokens, lengths, batch)
-      entry = {"config": label(spec), **rates(counts, ratios["head"], spec)}
+      counts = decode(spec, head, target, tokens, lengths, batch)
+      entry = {"config": label(spec), **rates(counts, ratios[heads[-1]], spec)}
       entry["ratio"] = paired_text(
         counts["emitted"], counts["rounds"], base_counts["emitted"], base_counts["rounds"]
       )
