@@ -212,17 +212,20 @@ class Tree:
 def write_tail(
   tail_YxBxKxRxHkxDh: jax.Array, new_YxBxKxTxHkxDh: jax.Array, start_BxK: jax.Array
 ) -> jax.Array:
-  """Writes every layer's T new entries of every tail at the tail's own start, in one
-  scatter; entries past R are dropped."""
+  """Writes every layer's T new entries of every tail at the tail's own start; entries
+  past R are dropped.
 
-  def write(tail_YxRxHkxDh, new_YxTxHkxDh, start):
-    pos_T = start + jnp.arange(new_YxTxHkxDh.shape[1])
-    return tail_YxRxHkxDh.at[:, pos_T].set(new_YxTxHkxDh.astype(tail_YxRxHkxDh.dtype), mode="drop")
-
-  over_tails = jax.vmap(write, in_axes=(1, 1, 0), out_axes=1)
-  return jax.vmap(over_tails, in_axes=(1, 1, 0), out_axes=1)(
-    tail_YxBxKxRxHkxDh, new_YxBxKxTxHkxDh, start_BxK
-  )
+  One select per new entry (T are few), not a scatter: XLA's classic CPU emitters (the
+  test suite's) expand a batched scatter into a loop over its B K T updates that, inside a
+  round's `lax.switch`, copied the whole tail buffer on every update (quadratic in B)."""
+  r, t = tail_YxBxKxRxHkxDh.shape[3], new_YxBxKxTxHkxDh.shape[3]
+  new_YxBxKxTxHkxDh = new_YxBxKxTxHkxDh.astype(tail_YxBxKxRxHkxDh.dtype)
+  offset_BxKxR = jnp.arange(r) - start_BxK[:, :, None]
+  out = tail_YxBxKxRxHkxDh
+  for j in range(t):
+    at_1xBxKxRx1x1 = (offset_BxKxR == j)[None, :, :, :, None, None]
+    out = jnp.where(at_1xBxKxRx1x1, new_YxBxKxTxHkxDh[:, :, :, j : j + 1], out)
+  return out
 
 
 def ancestor_mask(parent_BxN: jax.Array) -> jax.Array:
