@@ -25,7 +25,10 @@ os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0" if _optimise_all else "1"
 # emitters (its default) and the classic elemental ones. The classic ones compile the
 # suite's programs about 1.6x faster at either level and run them no slower (the fast
 # tier 3:30 against 5:24, back to back; docs/RESULTS.md, "The test suite"), so every test uses them
-# unless SPECTR_TEST_OPTIMIZED=1 asks for XLA's default CPU build throughout. The flag is
+# unless SPECTR_TEST_OPTIMIZED=1 asks for XLA's default CPU build throughout. They expand
+# a batched scatter into a loop over its updates, which can copy its whole operand per
+# update (quadratic in rows where the loop sits in a `lax.switch`): the round writes its
+# tail caches by selects (`attention.write_tail`). The flag is
 # probed first: XLA aborts the process on a flag it does not know, and a later jaxlib
 # may drop this one.
 CLASSIC_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
@@ -84,7 +87,7 @@ HEAVY_FILES = {
   "test_draft_tree.py": 72, "test_optimal.py": 69, "test_engine_check.py": 67,
   "test_adaptive.py": 52, "test_train.py": 49, "test_engine_memory.py": 48,
   "test_distill.py": 47, "test_locks.py": 45, "test_models.py": 41,
-  "test_node_budget.py": 38, "test_accelerators.py": 105,
+  "test_node_budget.py": 38, "test_accelerators.py": 105, "test_head.py": 150,
 }  # fmt: skip
 
 
