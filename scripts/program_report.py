@@ -48,7 +48,7 @@ from bench_device import DRAFT, SMALL_DRAFT, SMALL_TARGET, SMALL_VOCAB, TARGET, 
 
 from spectr_jax import dryrun, engine, metrics, programs, tables, targets
 from spectr_jax.decode_spec import DecodeSpec
-from spectr_jax.models import ModelBundle, ModelConfig, count_params, init_params
+from spectr_jax.models import HeadConfig, ModelBundle, ModelConfig, count_params, init_params
 
 PROGRAMS = ("ar", "tails", "dedup")
 # On a target: the decode programs of --method at K x L (tails, tree, adaptive), the
@@ -72,6 +72,12 @@ _FLAGS = [
     "drafting", "", "Its drafting scheme ('' for the method's own).", flag_values=FLAGS
   ),
   flags.DEFINE_integer("num_drafts", 8, "K.", flag_values=FLAGS),
+  flags.DEFINE_integer(
+    "head_layers",
+    0,
+    "Draft with a head of the target of this many blocks (0: the draft).",
+    flag_values=FLAGS,
+  ),
   flags.DEFINE_integer("draft_len", 8, "L.", flag_values=FLAGS),
   flags.DEFINE_string(
     "programs", ",".join(PROGRAMS), "A subset of ar,tails,dedup.", flag_values=FLAGS
@@ -134,7 +140,8 @@ def abstract_bundle(config: ModelConfig) -> ModelBundle:
 
 
 def pair_configs(args) -> tuple[ModelConfig, ModelConfig]:
-  """The (draft, target) configs of the report (bench_device's pair)."""
+  """The (draft, target) configs of the report (bench_device's pair; with
+  --head_layers, the draft is a head of the target: `models.head`)."""
   vocab, sizes = (
     (SMALL_VOCAB, (SMALL_DRAFT, SMALL_TARGET)) if args.small else (VOCAB, (DRAFT, TARGET))
   )
@@ -142,6 +149,8 @@ def pair_configs(args) -> tuple[ModelConfig, ModelConfig]:
   draft, target = (
     ModelConfig(vocab_size=vocab, max_len=max_len, dtype=args.dtype, **size) for size in sizes
   )
+  if args.head_layers:
+    draft = HeadConfig.of(target, args.head_layers)
   return draft, target
 
 

@@ -66,9 +66,12 @@ def _probe(config: ModelConfig, tree, leaves: tuple[jax.ShapeDtypeStruct, ...]) 
   replicated = first if isinstance(first, SingleDeviceSharding) else first.update(spec=())
 
   def prefill(params, tokens_BxP):
-    cache = model.init_cache(tokens_BxP.shape[0], 1, 1, tokens_BxP.shape[1] + 1)
-    lengths_B = jnp.full(tokens_BxP.shape[:1], tokens_BxP.shape[1], jnp.int32)
-    return model.prefill(params, tokens_BxP, lengths_B, cache)[0]
+    b, p = tokens_BxP.shape
+    cache = model.init_cache(b, 1, 1, p + 1)
+    lengths_B = jnp.full((b,), p, jnp.int32)
+    # A head reads the target's features with its prompt (zeros: only the layouts matter).
+    features_BxPxD = jnp.zeros((b, p, config.d_model)) if model.reads_features else None
+    return model.prefill(params, tokens_BxP, lengths_B, cache, features_BxPxD)[0]
 
   auto = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params)
   tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32, sharding=replicated)

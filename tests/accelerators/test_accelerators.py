@@ -11,7 +11,7 @@ import pytest
 
 from spectr_jax import dryrun, programs, targets
 from spectr_jax.decode_spec import DecodeSpec
-from spectr_jax.models import ModelConfig
+from spectr_jax.models import HeadConfig, ModelConfig
 
 V = 1024
 TARGET = "tpu:v5e:2x2"
@@ -133,3 +133,16 @@ def test_the_dry_run_refuses_a_program_that_does_not_fit(pair, where):
   mid = dataclasses.replace(where, target=dataclasses.replace(where.target, chip=half))
   (build,) = dryrun.dry_run(cells[2:], draft, target, mid, batch=BATCH, prompt_width=WIDTH)
   assert build.refused and "'model' = " in build.refused, build.refused
+
+
+@pytest.mark.slow
+def test_a_head_drafts_in_a_tpu_program(pair, where):
+  """A draft head compiles for the TPU slice like a separate draft: its parameters placed
+  in the layouts the chip picks (`placement.decode_placement` probes its prefill with
+  features), the loop of rounds the only data-dependent loop, no weight copied."""
+  _, target = pair
+  head = HeadConfig.of(target, 1)
+  report = dryrun.program_report(
+    SPECS["tails"], head, target, where, batch=BATCH, prompt_width=WIDTH
+  )
+  assert report.fits and report.weight_copies == 0 and _loops(report) == []
