@@ -52,6 +52,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.distill.target_workdir = "target" + suffix  # The frozen target's run directory.
   c.distill.divergence = "forward_kl"
   c.distill.data = "corpus:1,target:1"  # Half the rows sampled from the target.
+  # A head also trains on its own output (two unrolled steps): measured better at every
+  # K x L cell (docs/HEADS.md). The separate draft reads no features: one step.
+  c.distill.head_steps = 1 if arg.separate else 2
   if arg.test:
     c.distill.prompt_len = 4
     c.distill.sample_tokens = 12

@@ -63,6 +63,7 @@ _SAMPLED = flags.DEFINE_list(
   "sampled", ["rrs/wor", "traversal/wor", "kseq", "optimal"],
   "Exact verifiers on sampled drafts for section 2 (method[/drafting]).", flag_values=FLAGS,
 )  # fmt: skip
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature.", flag_values=FLAGS)
 _PROMPTS = flags.DEFINE_integer("prompts", 64, "Held-out prompts.", flag_values=FLAGS)
 _BATCH = flags.DEFINE_integer("batch", 8, "Rows per call.", flag_values=FLAGS)
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Tokens per row.", flag_values=FLAGS)
@@ -104,10 +105,12 @@ def draft_flops(draft: ModelBundle, max_len: int) -> float:
   return float(analysis["flops"])
 
 
-def specs_of(names, drafts, lens, max_new):
+def specs_of(names, drafts, lens, max_new, temperature):
   """The grid's `DecodeSpec`s: single-draft methods at K = 1, others at every K."""
   return [
-    DecodeSpec(method=name, num_drafts=k, draft_len=n, max_new_tokens=max_new)
+    DecodeSpec(
+      method=name, num_drafts=k, draft_len=n, max_new_tokens=max_new, temperature=temperature
+    )  # fmt: skip
     for name in names
     for k in methods.get(name).grid_drafts(drafts)
     for n in lens
@@ -162,7 +165,10 @@ def main(argv):
   tokens, lengths = prompts_for(heldout, num, 8, target.config.vocab_size)
   target_n = count_params(target.params)
   ratios = {name: count_params(d.params) / target_n for name, d in drafts.items()}
-  print(f"{num} prompts x {max_new} tokens, batch {batch}, same prompts and keys per draft\n")
+  print(
+    f"{num} prompts x {max_new} tokens, batch {batch}, temperature {_TEMPERATURE.value:g}, "
+    "same prompts and keys per draft\n"
+  )
   rows = [
     {
       "draft": name,
@@ -186,30 +192,32 @@ def main(argv):
     sep="\n",
   )
 
+  temperature = _TEMPERATURE.value
   grid = specs_of(_METHODS.value, [int(k) for k in _DRAFTS.value], [int(n) for n in _LENS.value],
-                  max_new)  # fmt: skip
-  print(f"## The K x L grid: heads against the separate draft (target {target_n:,})\n")
-  table = []
-  for spec in grid:
-    counts = {name: decode(spec, d, target, tokens, lengths, batch) for name, d in drafts.items()}
-    row = {"config": label(spec)}
-    for name, c in counts.items():
-      row |= {f"{key}_{name}": v for key, v in rates(c, ratios[name], spec).items()}
-    base = counts[separate]
-    for head in heads:
-      row[f"ratio_{head}"] = paired_text(
-        counts[head]["emitted"], counts[head]["rounds"], base["emitted"], base["rounds"]
-      )
-    table.append(row)
-    print(f"  {row['config']}: done", flush=True)
-  print(tables.markdown(table, grid_columns(list(drafts), heads, separate)), "", sep="\n")
+                  max_new, temperature)  # fmt: skip
+  if grid:
+    print(f"## The K x L grid: heads against the separate draft (target {target_n:,})\n")
+    table = []
+    for spec in grid:
+      counts = {name: decode(spec, d, target, tokens, lengths, batch) for name, d in drafts.items()}
+      row = {"config": label(spec)}
+      for name, c in counts.items():
+        row |= {f"{key}_{name}": v for key, v in rates(c, ratios[name], spec).items()}
+      base = counts[separate]
+      for head in heads:
+        row[f"ratio_{head}"] = paired_text(
+          counts[head]["emitted"], counts[head]["rounds"], base["emitted"], base["rounds"]
+        )
+      table.append(row)
+      print(f"  {row['config']}: done", flush=True)
+    print(tables.markdown(table, grid_columns(list(drafts), heads, separate)), "", sep="\n")
 
   print(f"## Equal nodes per round, {heads[-1]} drafting: the field's mode and sampled drafts\n")
   field = []
   for tree in _FIELD_TREES.value:
     k, n = (int(x) for x in tree.split(":"))
     base = DecodeSpec(method="certain", drafting="topk", num_drafts=k, draft_len=n,
-                      max_new_tokens=max_new)  # fmt: skip
+                      max_new_tokens=max_new, temperature=temperature)  # fmt: skip
     head = drafts[heads[-1]]
     base_counts = decode(base, head, target, tokens, lengths, batch)
     field.append({"config": label(base), **rates(base_counts, ratios[heads[-1]], base)})

@@ -189,12 +189,12 @@ def test_a_scheme_verified_against_the_wrong_law_is_rejected(models):
   stats.assert_rejects(counts, law, "rrs on top-2 drafts, whole law", min_power=0.99)
 
 
-# Adaptive length with a head: its wiring is checked in tests/models/test_head.py, and its
-# law is the length policy's (test_adaptive.py). (Its case here took 260 s under the
-# suite's classic CPU emitters while `attention.write_tail` scattered; 12 s now.)
+# Tails, adaptive length, dedup trees and a node budget. (The adaptive case took 260 s
+# under the suite's classic CPU emitters while `attention.write_tail` scattered.)
 HEAD_CASES = [
   ("sd", 1, {}),
   ("kseq", 3, {}),
+  ("kseq", 3, dict(adaptive=0.5)),
   ("rrs", 3, dict(dedup=True)),
   ("traversal", 3, dict(dedup=True, node_budget=2.0)),
 ]
@@ -219,8 +219,8 @@ def head(models):
 @pytest.mark.execution_bound
 @pytest.mark.parametrize("method, num_drafts, settings", HEAD_CASES)
 def test_a_draft_head_keeps_the_output_law(models, head, method, num_drafts, settings):
-  """Drafts from a head that reads the target's features (tails, dedup rounds, a node
-  budget): the target's law, several rounds."""
+  """Drafts from a head that reads the target's features (tails, adaptive length, dedup
+  rounds, a node budget): the target's law, several rounds."""
   _, target = models
   out = generate(head, target, method, num_drafts, 2, 4, key=13, **settings)
   law = exact_law(target, 4)
