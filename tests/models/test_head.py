@@ -68,9 +68,9 @@ def test_prefill_opening_and_steps_equal_the_forward(pair):
     model.prefill(head.params, tokens_1xT, jnp.asarray([6]), model.init_cache(1, 1, 2, 16))
 
 
-def _pending_error(head, target, method, rounds_run=3, **settings):
-  """Runs `rounds_run` rounds on 8 rows; the largest gap between the features the head
-  holds before each pending token and the target's forward of the emitted text there."""
+def _rounds(head, target, method, rounds_run=3, **settings):
+  """Runs `rounds_run` rounds on 8 rows: the state and each row's text (prompt, then
+  every emitted token; its last `num_pending_B` tokens are pending)."""
   spec = DecodeSpec(method, 3, 2, max_new_tokens=16, **settings)  # no row ends in 3 rounds
   decode_plan = plan.resolve(spec, head.config, target.config)
   traced = plan.traced(spec, decode_plan)
@@ -82,10 +82,19 @@ def _pending_error(head, target, method, rounds_run=3, **settings):
   keys_B = jax.random.split(jax.random.key(7), 8)
   for _ in range(rounds_run):
     state = one(keys_B, state)
+  texts = [
+    np.concatenate([engine_pair.PROMPT, np.asarray(state.out_BxW[b, : int(state.num_out_B[b])])])
+    for b in range(8)
+  ]
+  return state, texts
+
+
+def _pending_error(head, target, method, rounds_run=3, **settings):
+  """The largest gap between the features the head holds before each pending token and
+  the target's forward of the emitted text there, after `rounds_run` rounds."""
+  state, texts = _rounds(head, target, method, rounds_run, **settings)
   worst = 0.0
-  for b in range(8):
-    emitted = np.asarray(state.out_BxW[b, : int(state.num_out_B[b])])
-    text = np.concatenate([engine_pair.PROMPT, emitted])
+  for b, text in enumerate(texts):
     f_TxD = _features(target, jnp.asarray(text[None], jnp.int32))[0]
     num = int(state.num_pending_B[b])
     for j in range(num):
@@ -93,6 +102,15 @@ def _pending_error(head, target, method, rounds_run=3, **settings):
       held = np.asarray(state.draft_cache.pending_features[b, j])
       worst = max(worst, float(np.max(np.abs(held - f_TxD[position - 1]))))
   return worst
+
+
+def _unrolled_rows(head, target, method, **settings):
+  """Rows whose head cache does not hold exactly the committed text (all but the
+  pending tokens): a cache not rolled back to the accepted drafts holds more."""
+  state, texts = _rounds(head, target, method, **settings)
+  held_B = np.asarray(state.draft_cache.prefix_len)
+  committed_B = np.array([len(t) for t in texts]) - np.asarray(state.num_pending_B)
+  return int(np.sum(held_B != committed_B))
 
 
 @pytest.mark.parametrize(
@@ -120,6 +138,23 @@ def test_broken_feature_wirings_are_caught(pair, monkeypatch):
   assert _pending_error(head, target, "kseq") > 100 * TOL
   monkeypatch.setattr(HeadDecoder, "receive", lambda self, cache, features_Bx2xD: cache)
   assert _pending_error(head, target, "kseq") > 100 * TOL
+
+
+def test_a_head_cache_not_rolled_back_is_caught(pair, monkeypatch):
+  """After each round the head's cache holds the committed text and no more (for tails
+  and dedup trees); a commit that keeps every drafted token of the chosen tail (no
+  rollback to the accepted ones) is caught. Like a wrong feature, it keeps the output
+  law (the verifier reads the drafts' p) and costs acceptance."""
+  head, target = pair
+  assert _unrolled_rows(head, target, "kseq") == 0
+  assert _unrolled_rows(head, target, "rrs", dedup=True) == 0
+  commit = HeadDecoder.commit
+
+  def unrolled(self, cache, tail_B, num_B):
+    return commit(self, cache, tail_B, jnp.max(cache.tail_len, axis=1))
+
+  monkeypatch.setattr(HeadDecoder, "commit", unrolled)
+  assert _unrolled_rows(head, target, "kseq") > 0
 
 
 @pytest.mark.slow
