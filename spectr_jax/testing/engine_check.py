@@ -93,16 +93,17 @@ def _decode(spec: DecodeSpec, draft, target, key, rows: int, chunk: int, prompts
   return np.concatenate(tokens)[:rows], np.concatenate(per_round)[:rows]
 
 
-def _last_logits(model, seq_BxS):
-  return model.model.apply({"params": model.params}, seq_BxS)[:, -1].astype(jnp.float32)
-
-
 def token_order(draft, target, prompt=PROMPT):
   """Every token, most target-favoured first: by log q - log p after `prompt` (where a
-  verifier's acceptance and residual act, so where their mistakes show)."""
+  verifier's acceptance and residual act, so where their mistakes show). A draft head
+  reads the target's features of the prompt."""
   prompt = jnp.asarray([prompt], jnp.int32)
-  log_q = jax.nn.log_softmax(_last_logits(target, prompt)[0])
-  log_p = jax.nn.log_softmax(_last_logits(draft, prompt)[0])
+  logits_q, features = target.model.apply({"params": target.params}, prompt, return_features=True)
+  if draft.decoder.reads_features:
+    logits_p = draft.decoder.logits(draft.params, prompt, features)
+  else:
+    logits_p = draft.decoder.logits(draft.params, prompt)
+  log_q, log_p = (jax.nn.log_softmax(x[0, -1].astype(jnp.float32)) for x in (logits_q, logits_p))
   return jnp.argsort(-(log_q - log_p))
 
 

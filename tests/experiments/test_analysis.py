@@ -123,7 +123,9 @@ def test_rho_ablation_runs_and_caches(pair, tmp_path, monkeypatch):
   assert len(records) == len(sweep.seeds)
   rows = result["rows"]
   assert [(r["K"], r["strategy"]) for r in rows] == [
-    (k, s) for k in (2, 4) for s in ("rho*", "rho=K", "rho=1", "specinfer", "optimal", "rrs")
+    (k, s)
+    for k in (2, 4)
+    for s in ("rho*", "rho=K", "rho=1", "specinfer", "optimal", "rrs", "certain")
   ]
   assert result["positions"] == config.analysis.num_prompts * config.analysis.num_tokens
   for row in rows:

@@ -427,9 +427,9 @@ def test_rrs_verifies_a_static_tree_node_by_node(broken, monkeypatch):
   if broken:
     real = drafting._children
 
-    def first_nodes_law(key_BxK, p_BxKxV, *args, max_children):
+    def first_nodes_law(key_BxK, p_BxKxV, *args, **kwargs):
       p_BxKxV = jnp.broadcast_to(p_BxKxV[:, :1], p_BxKxV.shape)
-      return real(key_BxK, p_BxKxV, *args, max_children=max_children)
+      return real(key_BxK, p_BxKxV, *args, **kwargs)
 
     monkeypatch.setattr(drafting, "_children", first_nodes_law)
   codes, nums = sequences.sample_wor_blocks(p_tab, q_tab, 4, 2, branching=(2, 2))
