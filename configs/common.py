@@ -86,3 +86,12 @@ def train_config(
     c.checkpoint_every = 10
     c.log_every = 5
   return c
+
+
+def shrink_distill(distill: ml_collections.ConfigDict) -> None:
+  """Shrinks a distillation block to the test pair's seconds (sampled rows and the
+  held-out alignment metrics)."""
+  distill.prompt_len = 4
+  distill.sample_tokens = 12
+  distill.eval_prompts = 4
+  distill.eval_tokens = 8

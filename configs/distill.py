@@ -62,8 +62,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.distill.divergence = arg.divergence
   c.distill.data = arg.data.replace("+", ",")  # Row sources: corpus, target, on_policy, a mix.
   if arg.test:
-    c.distill.prompt_len = 4
-    c.distill.sample_tokens = 12
-    c.distill.eval_prompts = 4
-    c.distill.eval_tokens = 8
+    common.shrink_distill(c.distill)
   return c

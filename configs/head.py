@@ -56,8 +56,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # K x L cell (docs/HEADS.md). The separate draft reads no features: one step.
   c.distill.head_steps = 1 if arg.separate else 2
   if arg.test:
-    c.distill.prompt_len = 4
-    c.distill.sample_tokens = 12
-    c.distill.eval_prompts = 4
-    c.distill.eval_tokens = 8
+    common.shrink_distill(c.distill)
   return c
